@@ -1,0 +1,37 @@
+"""The simulated cluster: devices, process groups, collectives, memory ledger, clock, trace.
+
+The runtime knows nothing of models. See docs/runtime.md for the execution model.
+"""
+
+from .collectives import (ReduceOp, Work, all_gather, all_reduce, all_to_all,
+                          all_to_all_single, barrier, broadcast, gather, get_rank,
+                          get_world_size, irecv, isend, new_group, recv, reduce,
+                          reduce_scatter, scatter, send)
+from .context import Context, current, device
+from .device import DeviceSpec
+from .errors import (CollectiveMismatchError, CollectiveUsageError, DeadlockError,
+                     MiniparError, RankFailedError, SimulatedOutOfMemoryError, WorldAborted)
+from .group import ProcessGroup
+from .launch import LaunchResult, launch
+from .ledger import CATEGORIES, MemoryLedger
+from .mesh import DeviceMesh
+from .topology import Link, Topology
+
+__all__ = [
+    "ReduceOp", "Work", "all_gather", "all_reduce", "all_to_all", "all_to_all_single",
+    "barrier", "broadcast", "gather", "get_rank", "get_world_size", "irecv", "isend",
+    "new_group", "recv", "reduce", "reduce_scatter", "scatter", "send", "Context", "current",
+    "device", "DeviceSpec", "CollectiveMismatchError", "CollectiveUsageError",
+    "DeadlockError", "MiniparError", "RankFailedError", "SimulatedOutOfMemoryError",
+    "WorldAborted", "ProcessGroup", "LaunchResult", "launch", "CATEGORIES", "MemoryLedger",
+    "DeviceMesh", "Link", "Topology", "init_device_mesh",
+]
+
+
+def init_device_mesh(shape, mesh_dim_names) -> DeviceMesh:
+    """torch.distributed.device_mesh.init_device_mesh's spelling: shape slowest-first."""
+    mesh = DeviceMesh(shape, mesh_dim_names)
+    ws = current().world_size
+    if mesh.size != ws:
+        raise ValueError(f"mesh {tuple(shape)} covers {mesh.size} ranks but the world has {ws}")
+    return mesh

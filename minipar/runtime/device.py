@@ -1,0 +1,83 @@
+"""What one accelerator can do: peak FLOP/s per dtype and memory capacity.
+
+Presets use the vendors' published *dense* peak figures (no 2:4 sparsity) for the SXM
+parts, and the capacity as marketed in decimal gigabytes (1 GB = 10**9 bytes), the unit
+the memory formulas in the course are written in. Float64 and float32 matmuls count at
+the tensor-core FP64 / TF32 rates, since that is what the libraries use by default on
+these parts; the plain CUDA-core rates are kept as "fp32_simt" for reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+GB = 10**9
+TFLOPS = 10**12
+
+
+def dtype_key(dtype) -> str:
+    """Name used to look up a peak rate: 'float64', 'float32', 'bfloat16', 'float16', ..."""
+    if isinstance(dtype, str):
+        return dtype
+    return np.dtype(dtype).name
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator: `peak_flops[dtype]` in FLOP/s and `memory_bytes` of capacity."""
+
+    name: str
+    peak_flops: Mapping[str, float] = field(repr=False)
+    memory_bytes: int
+
+    def peak(self, dtype) -> float:
+        """Peak FLOP/s for `dtype`; a clear error for a dtype the spec does not list."""
+        key = dtype_key(dtype)
+        if key not in self.peak_flops:
+            raise KeyError(
+                f"device {self.name} has no peak rate for dtype {key!r}; "
+                f"it knows {sorted(self.peak_flops)}"
+            )
+        return self.peak_flops[key]
+
+    def with_memory(self, memory_bytes: int) -> "DeviceSpec":
+        """The same device with a different capacity (to provoke or avoid an OOM)."""
+        return DeviceSpec(self.name, self.peak_flops, int(memory_bytes))
+
+    # ---- presets -------------------------------------------------------------------
+    @staticmethod
+    def a100_80gb() -> "DeviceSpec":
+        """NVIDIA A100 SXM 80GB: 312 TFLOP/s bf16/fp16, 156 TF32, 19.5 FP64 tensor core."""
+        return DeviceSpec("A100-SXM-80GB", {
+            "bfloat16": 312 * TFLOPS, "float16": 312 * TFLOPS,
+            "float32": 156 * TFLOPS, "fp32_simt": 19.5 * TFLOPS,
+            "float64": 19.5 * TFLOPS, "int8": 624 * TFLOPS,
+        }, 80 * GB)
+
+    @staticmethod
+    def h100_sxm() -> "DeviceSpec":
+        """NVIDIA H100 SXM5 80GB: 989 TFLOP/s bf16/fp16, 1979 fp8, 494 TF32, 67 FP64 TC."""
+        return DeviceSpec("H100-SXM-80GB", {
+            "bfloat16": 989 * TFLOPS, "float16": 989 * TFLOPS, "float8_e4m3fn": 1979 * TFLOPS,
+            "float32": 494 * TFLOPS, "fp32_simt": 67 * TFLOPS,
+            "float64": 67 * TFLOPS, "int8": 1979 * TFLOPS,
+        }, 80 * GB)
+
+    @staticmethod
+    def h200() -> "DeviceSpec":
+        """NVIDIA H200 SXM 141GB: the H100's compute with 141 GB of HBM3e."""
+        h100 = DeviceSpec.h100_sxm()
+        return DeviceSpec("H200-SXM-141GB", h100.peak_flops, 141 * GB)
+
+    @staticmethod
+    def preset(name: str) -> "DeviceSpec":
+        """Look a preset up by a short name: 'a100', 'h100', 'h200'."""
+        table = {"a100": DeviceSpec.a100_80gb, "h100": DeviceSpec.h100_sxm,
+                 "h200": DeviceSpec.h200}
+        key = name.lower().replace("-", "").replace("_", "")[:4]
+        if key not in table:
+            raise ValueError(f"unknown device preset {name!r}: expected one of {sorted(table)}")
+        return table[key]()
