@@ -35,6 +35,7 @@ class Context:
         self.algorithm = algorithm  # default collective algorithm for the cost model
         self.world = ProcessGroup(tuple(range(world_size)), "world")
         self.pending = None  # the last collective issued whose timing is not yet known
+        self.cost_cache: dict = {}  # memoised cost-model answers (see collectives._cost)
 
     @property
     def node(self) -> int:

@@ -116,6 +116,32 @@ def _choose(kind: str, algorithm: str, ranks: Sequence[int], topo: Topology) -> 
     return algorithm
 
 
+HAS = {  # the algorithms each collective has; the others have only "ring"
+    "all_reduce": ("ring", "tree", "halving_doubling", "hierarchical"),
+    "all_gather": ("ring", "hierarchical"),
+    "reduce_scatter": ("ring", "hierarchical"),
+}
+
+
+def preferred(kind: str, algorithm: str, ranks: Sequence[int], topo: Topology) -> str:
+    """A run-wide preference (`launch(algorithm=...)`) applied to one collective: the
+    preferred algorithm where this collective has it and it fits the group, else "auto"
+    (so a preference for "tree" leaves broadcast on its chain, and "hierarchical" leaves a
+    group inside one node on its ring)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}: expected one of {ALGORITHMS}")
+    n = len(ranks)
+    if algorithm not in HAS.get(kind, ("ring",)):
+        return "auto"
+    if algorithm == "halving_doubling" and n & (n - 1):
+        return "auto"
+    if algorithm == "hierarchical":
+        km = _per_node(ranks, topo)
+        if km is None or km[0] == 1 or km[1] == 1:
+            return "auto"
+    return algorithm
+
+
 def _hierarchical(kind: str, S: float, ranks: Sequence[int], topo: Topology) -> float:
     k, m = _per_node(ranks, topo)
     if kind == "all_reduce":
@@ -220,8 +246,8 @@ BUSBW_FACTOR = {
 
 
 def algbw(S: float, seconds: float) -> float:
-    """Algorithm bandwidth, bytes/s: S / t."""
-    return S / seconds if seconds > 0 else float("inf")
+    """Algorithm bandwidth, bytes/s: S / t (0 when nothing took time, e.g. a group of one)."""
+    return S / seconds if seconds > 0 else 0.0
 
 
 def busbw(kind: str, S: float, seconds: float, n: int) -> float:

@@ -18,6 +18,7 @@ import traceback
 from typing import Any, Callable, Optional
 
 from .backends.sim import SimWorld
+from .cost import ALGORITHMS
 from .context import Context, set_current
 from .errors import MiniparError, RankFailedError, WorldAborted
 from .topology import Topology
@@ -45,10 +46,13 @@ def launch(fn: Callable[[Context], Any], world_size: int, topology: Optional[Top
     topology:  where the ranks sit (default: one node of `world_size` H100s on NVLink)
     backend:   "sim" (threads, this process) or "mpi" (this process is one MPI rank)
     algorithm: the collective algorithm the cost model charges ("auto", "ring", "tree",
-               "halving_doubling", "hierarchical"); see runtime/cost.py
+               "halving_doubling", "hierarchical"), applied to each collective that has it
+               and whose group fits it, "auto" elsewhere; see runtime/cost.py
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}: expected one of {ALGORITHMS}")
     topology = topology or Topology.single_node(world_size)
     if topology.world_size != world_size:
         raise ValueError(

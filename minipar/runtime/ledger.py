@@ -23,11 +23,16 @@ CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "com
               "other")
 
 
-def nbytes_of(x: Union[int, np.ndarray]) -> int:
-    """Bytes of an array (its `nbytes`) or an explicit byte count."""
+def nbytes_of(x: Union[int, float, np.ndarray]) -> int:
+    """Bytes of an array (its `nbytes`) or an explicit byte count (int, or a whole float)."""
     if isinstance(x, (int, np.integer)):
         if x < 0:
             raise ValueError(f"an allocation cannot have a negative size, got {x} bytes")
+        return int(x)
+    if isinstance(x, (float, np.floating)):  # a byte count computed in floating point
+        if not (x >= 0 and float(x).is_integer()):
+            raise ValueError(f"an allocation size must be a whole, non-negative number of "
+                             f"bytes, got {x}")
         return int(x)
     return int(np.asarray(x).nbytes)
 

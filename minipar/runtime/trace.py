@@ -3,7 +3,8 @@
 An event is an interval [start, end) in simulated seconds on one of a rank's streams:
     "compute"  kernels (FLOPs / peak)
     "comm"     collectives, serialised in issue order, as on one NCCL stream
-    "p2p"      point-to-point sends and receives
+    "p2p"      point-to-point sends, serialised on the sender
+    "recv"     point-to-point receives (several may be in flight at once)
 `viz/` turns a list of events into a Chrome trace or a terminal timeline; nothing in the
 runtime reads the trace back, so recording is all it does.
 """
@@ -19,7 +20,7 @@ class Event:
     """One interval on one stream of one rank."""
 
     rank: int
-    stream: str  # "compute" | "comm" | "p2p"
+    stream: str  # "compute" | "comm" | "p2p" | "recv"
     name: str  # e.g. "all_reduce", "matmul", "send"
     start: float  # simulated seconds
     end: float
@@ -56,7 +57,7 @@ class Trace:
                 if (stream is None or e.stream == stream) and (name is None or e.name == name)]
 
     def busy_time(self, stream: str) -> float:
-        """Total simulated time the stream was busy (events on one stream never overlap)."""
+        """Total simulated time the stream was busy (summed; receives may overlap)."""
         return sum(e.duration for e in self.events if e.stream == stream)
 
     def bytes_sent(self) -> int:

@@ -1,0 +1,101 @@
+"""Benchmarks of the runtime, as ratios measured side by side in one run.
+
+    python benchmarks/run.py            # the simulated backend
+    mpiexec -n 4 python benchmarks/bench_mpi.py   # the MPI backend (needs the [mpi] extra)
+
+Nothing here is asserted in tests: wall-clock numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import minipar as mp
+
+
+def allreduce_sim(world: int, nbytes: int, iters: int) -> float:
+    """Seconds per all_reduce of `nbytes` float32 on `world` simulated ranks."""
+    def prog(ctx):
+        x = np.full(nbytes // 4, ctx.rank + 1, np.float32)
+        mp.all_reduce(x)  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            mp.all_reduce(x)
+        return time.perf_counter() - t0
+
+    return max(mp.launch(prog, world)) / iters
+
+
+def allreduce_numpy(world: int, nbytes: int, iters: int) -> float:
+    """The bare NumPy baseline: sum the `world` arrays and make `world` result copies."""
+    xs = [np.full(nbytes // 4, r + 1, np.float32) for r in range(world)]
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        total = xs[0] + xs[1]
+        for x in xs[2:]:
+            total += x
+        outs = [total.copy() for _ in range(world)]
+    del outs
+    return (time.perf_counter() - t0) / iters
+
+
+def barrier_latency(world: int, iters: int) -> float:
+    def prog(ctx):
+        mp.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            mp.barrier()
+        return time.perf_counter() - t0
+
+    return max(mp.launch(prog, world)) / iters
+
+
+def barrier_floor(world: int, iters: int) -> float:
+    """The floor of any thread rendezvous in CPython: a bare threading.Barrier."""
+    import threading
+
+    b = threading.Barrier(world)
+    times: list[float] = []
+
+    def run() -> None:
+        b.wait()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            b.wait()
+        times.append(time.perf_counter() - t0)
+
+    threads = [threading.Thread(target=run) for _ in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return max(times) / iters
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    world, nbytes = 8, 16 << 20
+    sim, base = [], []
+    for _ in range(args.repeats):  # interleaved, so both see the same machine state
+        base.append(allreduce_numpy(world, nbytes, 5))
+        sim.append(allreduce_sim(world, nbytes, 5))
+    s, b = statistics.median(sim), statistics.median(base)
+    print(f"all_reduce 8 ranks x 16 MiB float32, sim backend: {s * 1e3:.2f} ms; "
+          f"bare NumPy sum + 8 copies: {b * 1e3:.2f} ms; ratio {s / b:.2f} (target <= 1.3)")
+    lat, floor = [], []
+    for _ in range(args.repeats):
+        floor.append(barrier_floor(world, 1000))
+        lat.append(barrier_latency(world, 1000))
+    lat_m, floor_m = statistics.median(lat), statistics.median(floor)
+    print(f"empty barrier among 8 ranks: {lat_m * 1e6:.1f} us (aim < 100 us); a bare "
+          f"threading.Barrier(8): {floor_m * 1e6:.1f} us; ratio {lat_m / floor_m:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+"""Pictures of what the runtime recorded: Chrome traces and terminal timelines.
+
+The viz layer only *reads* trace events (`runtime/trace.py`); it never runs a model and
+imports nothing model-related, so it draws any program the runtime executed:
+
+    result = minipar.launch(step, world_size=4)
+    to_chrome_trace(result, "step.json")          # open in https://ui.perfetto.dev
+    print(render_timeline(result.events(), 4))     # one row per rank in the terminal
+    print(summarize(result.events(), 4))           # compute / comm / overlap / idle
+"""
+
+from .chrome import STREAM_TIDS, to_chrome_trace
+from .timeline import COLLECTIVE_LETTERS, RankTimes, measure, render_timeline, summarize
+
+__all__ = ["to_chrome_trace", "STREAM_TIDS", "render_timeline", "summarize", "measure",
+           "RankTimes", "COLLECTIVE_LETTERS"]
