@@ -1,7 +1,11 @@
 """Benchmarks of the runtime, as ratios measured side by side in one run.
 
-    python benchmarks/run.py            # the simulated backend
-    mpiexec -n 4 python benchmarks/bench_mpi.py   # the MPI backend (needs the [mpi] extra)
+    python benchmarks/run.py
+
+prints every ratio: the simulated backend's all_reduce against bare NumPy, the barrier
+latency against a bare threading.Barrier, and, when mpi4py and mpiexec are installed
+(the [mpi] extra), the MPI backend's all_reduce against raw mpi4py, by running
+`mpiexec -n 4 python benchmarks/bench_mpi.py`.
 
 Nothing here is asserted in tests: wall-clock numbers depend on the machine.
 """
@@ -9,7 +13,11 @@ Nothing here is asserted in tests: wall-clock numbers depend on the machine.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -97,5 +105,24 @@ def main() -> None:
           f"threading.Barrier(8): {floor_m * 1e6:.1f} us; ratio {lat_m / floor_m:.2f}")
 
 
+def mpi_benchmark() -> str:
+    """Run bench_mpi.py under mpiexec -n 4 and return what it printed (or why not)."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi: skipped (pip install -e \".[mpi]\" to measure the MPI backend)"
+    here = os.path.dirname(os.path.abspath(__file__))
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        mpiexec = shutil.which("mpiexec") or ""
+    if not mpiexec:
+        return "mpi: skipped (no mpiexec found next to python or on PATH)"
+    proc = subprocess.run([mpiexec, "-n", "4", sys.executable,
+                           os.path.join(here, "bench_mpi.py")],
+                          capture_output=True, text=True, timeout=600)
+    return proc.stdout.strip() if proc.returncode == 0 else f"mpi: failed\n{proc.stderr}"
+
+
 if __name__ == "__main__":
     main()
+    print(mpi_benchmark())

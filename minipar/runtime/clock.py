@@ -1,11 +1,15 @@
 """A device's simulated clock: one time per stream, advanced by work, never by wall time.
 
     compute:  t_compute += FLOPs / peak(dtype)
-    comm:     a collective issued at t_compute starts at max(t_issue, t_comm) on this rank,
-              and on the group at the max of its members' starts; it ends at start + cost.
+    comm:     a collective of group g issued at t_compute starts at max(t_issue, t_comm[g])
+              on this rank, and on the group at the max of its members' starts; it ends
+              at start + cost, and t_comm[g] = end.
     wait():   t_compute = max(t_compute, end of the awaited work)
-Two streams are what make overlap visible: asynchronous communication proceeds on the
-comm stream while compute goes on, exactly as with NCCL on its own CUDA stream.
+Separate streams are what make overlap visible: asynchronous communication proceeds on a
+comm stream while compute goes on. As in PyTorch's NCCL process groups, each process
+group has its own comm stream: collectives of one group run in issue order, collectives
+of different groups (say a data-parallel all-reduce and a tensor-parallel one) may run
+at the same time.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ class Clock:
 
     def __init__(self) -> None:
         self.compute = 0.0  # when the compute stream is next free: "now" for the program
-        self.comm = 0.0  # when the collective stream is next free
+        self.comm_free: dict = {}  # group key -> when that group's comm stream is next free
         self.p2p = 0.0  # when the point-to-point stream is next free
 
     @property
@@ -31,6 +35,15 @@ class Clock:
         start = self.compute
         self.compute = start + seconds
         return start, self.compute
+
+    @property
+    def comm(self) -> float:
+        """When the last collective of any group ends."""
+        return max(self.comm_free.values(), default=0.0)
+
+    def comm_stream(self, group_key) -> float:
+        """When the comm stream of one group is next free."""
+        return self.comm_free.get(group_key, 0.0)
 
     def wait_until(self, t: float) -> None:
         """Block the compute stream until simulated time t (a `wait()` on a work handle)."""

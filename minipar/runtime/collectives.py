@@ -6,7 +6,8 @@ definition of the same name in `reference.py`; this module adds what a real run 
 
 - validation, with errors that name the rank, the group and the shapes;
 - the simulated clock: a collective is issued at the rank's compute time, queues behind
-  earlier collectives on the rank's comm stream, starts on the group when its last member
+  earlier collectives of the same group on that group's comm stream (one stream per
+  process group, as in PyTorch's NCCL backend), starts on the group when its last member
   can start, and lasts what `cost.collective_cost` says;
 - a "comm_buffers" charge on the ledger for the output buffer, from issue until `wait()`;
 - a trace event with the bytes this rank sent (`cost.bytes_sent`) and algbw/busbw.
@@ -69,23 +70,31 @@ def new_group(ranks: Sequence[int], name: Optional[str] = None) -> ProcessGroup:
 class Work:
     """An operation in flight. `wait()` returns its result; the compute stream waits."""
 
-    def __init__(self, ctx: Context, finish):
+    def __init__(self, ctx: Context, finish, on_wait=None, ready=None):
         self._ctx = ctx
+        self._ready = ready  # () -> bool: has the backend finished it (no blocking)?
         self._finish = finish  # () -> (result, end time); idempotent
         self._done: Optional[tuple[Any, float]] = None
+        self._on_wait = on_wait  # run once, at the first wait() (releases the output buffer)
 
     def _resolve(self) -> tuple[Any, float]:
         if self._done is None:
             self._done = self._finish()
+            self._finish = None  # the closure refers back to this Work: break the cycle, so
+            # the result is freed as soon as the caller drops it, not at the next gc pass
         return self._done
 
     def wait(self) -> Any:
         result, end = self._resolve()
         self._ctx.clock.wait_until(end)
+        if self._on_wait is not None:
+            on_wait, self._on_wait = self._on_wait, None
+            on_wait()
         return result
 
     def is_completed(self) -> bool:
-        return self._done is not None
+        """True once the data has moved (every member arrived); never blocks."""
+        return self._done is not None or (self._ready is not None and self._ready())
 
     @property
     def end_time(self) -> float:
@@ -93,14 +102,22 @@ class Work:
         return self._resolve()[1]
 
 
+_in_runtime: dict[str, Optional[str]] = {}  # file -> None inside the runtime, else basename
+
+
 def _where() -> str:
     """file:line of the first caller outside the runtime, for diagnoses."""
     f = sys._getframe(2)
-    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _RUNTIME_DIR:
+    while f is not None:
+        name = f.f_code.co_filename
+        if name not in _in_runtime:
+            inside = os.path.dirname(os.path.abspath(name)) == _RUNTIME_DIR
+            _in_runtime[name] = None if inside else os.path.basename(name)
+        short = _in_runtime[name]
+        if short is not None:
+            return f"{short}:{f.f_lineno} in {f.f_code.co_name}"
         f = f.f_back
-    if f is None:
-        return "<unknown>"
-    return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno} in {f.f_code.co_name}"
+    return "<unknown>"
 
 
 def _member(ctx: Context, group: Optional[ProcessGroup], kind: str) -> ProcessGroup:
@@ -126,9 +143,11 @@ def _issue(ctx: Context, kind: str, g: ProcessGroup, payload: Any, params: dict,
            signature: dict, out_nbytes: int, size: Optional[float], async_op: bool,
            root: int = 0, size_info: Optional[list] = None, post=None):
     """Hand one collective to the backend and return its result (or a Work)."""
-    if ctx.pending is not None:  # the comm stream is serial: learn when the last one ends
-        ctx.pending._resolve()
-    local_start = max(ctx.clock.compute, ctx.clock.comm)
+    previous = ctx.pending.get(g.key)
+    if previous is not None:  # the group's comm stream is serial: learn when the last ends
+        previous._resolve()
+    issued = ctx.clock.compute  # when the program called it
+    local_start = max(issued, ctx.clock.comm_stream(g.key))  # when the stream can start it
     where = _where()
     call = Call(kind, g, ctx.rank, payload, params, {"kind": kind, **signature}, local_start,
                 where, size_info)
@@ -140,13 +159,9 @@ def _issue(ctx: Context, kind: str, g: ProcessGroup, payload: Any, params: dict,
         result = out.result if post is None else post(out.result)
         S = size if size is not None else _size_from(kind, out.result, g.size)
         traffic = out.size_infos if kind in ("all_to_all", "all_to_all_single") else None
-        c = cost_model.collective_cost(kind, S, g.ranks, ctx.topology, ctx.algorithm, traffic)
+        c, sent = _cost(ctx, kind, S, g, root, traffic)
         end = out.start + c.seconds
-        ctx.clock.comm = max(ctx.clock.comm, end)
-        me = g.group_rank(ctx.rank)
-        nodes = len({ctx.topology.node_of(r) for r in g.ranks})
-        sent = cost_model.bytes_sent(kind, c.algorithm, S, g.size, me, root, nodes,
-                                     traffic[me] if traffic else None)
+        ctx.clock.comm_free[g.key] = max(ctx.clock.comm_stream(g.key), end)
         ctx.trace.record(Event(ctx.rank, "comm", kind, out.start, end, nbytes=int(S),
                                group=g.ranks, label=g.name, meta={
                                    "algorithm": c.algorithm, "link": c.link,
@@ -154,16 +169,37 @@ def _issue(ctx: Context, kind: str, g: ProcessGroup, payload: Any, params: dict,
                                    "algbw": cost_model.algbw(S, c.seconds) if S else 0.0,
                                    "busbw": cost_model.busbw(kind, S, c.seconds, g.size)
                                    if S and kind in cost_model.BUSBW_FACTOR else 0.0,
-                                   "issued": local_start, "where": where}))
-        if buf is not None:
-            ctx.ledger.release(buf)
-        if ctx.pending is work:
-            ctx.pending = None
+                                   "issued": issued, "where": where}))
+        if ctx.pending.get(g.key) is work:
+            del ctx.pending[g.key]
         return result, end
 
-    work = Work(ctx, finish)
-    ctx.pending = work
+    # The output buffer stays charged until wait(), even if a later collective resolves
+    # this one first: two async collectives in flight hold both their outputs.
+    work = Work(ctx, finish, None if buf is None else (lambda: ctx.ledger.release(buf)),
+                handle.is_completed)
+    ctx.pending[g.key] = work
     return work if async_op else work.wait()
+
+
+def _cost(ctx: Context, kind: str, S: float, g: ProcessGroup, root: int,
+          traffic: Optional[list]) -> tuple[cost_model.Cost, float]:
+    """(collective_cost, bytes_sent by this rank), memoised per context: both are pure
+    functions of their arguments, and programs repeat the same collectives."""
+    key = (kind, S, g.ranks, root)
+    hit = ctx.cost_cache.get(key) if traffic is None else None
+    if hit is not None:
+        return hit
+    algo = cost_model.preferred("all_to_all" if traffic is not None else kind, ctx.algorithm,
+                                g.ranks, ctx.topology)
+    c = cost_model.collective_cost(kind, S, g.ranks, ctx.topology, algo, traffic)
+    me = g.group_rank(ctx.rank)
+    nodes = len({ctx.topology.node_of(r) for r in g.ranks})
+    sent = cost_model.bytes_sent(kind, c.algorithm, S, g.size, me, root, nodes,
+                                 traffic[me] if traffic else None)
+    if traffic is None:
+        ctx.cost_cache[key] = (c, sent)
+    return c, sent
 
 
 def _size_from(kind: str, result: Any, n: int) -> float:
@@ -195,7 +231,7 @@ def all_reduce(x, op: str = "sum", group: Optional[ProcessGroup] = None,
     g, x = _member(ctx, group, "all_reduce"), _arr(x, ctx, "all_reduce")
     op = check_op(op, x.dtype)
     return _issue(ctx, "all_reduce", g, x, {"op": op},
-                  {"shape": x.shape, "dtype": str(x.dtype), "op": op},
+                  {"shape": x.shape, "dtype": x.dtype, "op": op},
                   x.nbytes, float(x.nbytes), async_op)
 
 
@@ -207,7 +243,7 @@ def all_gather(x, axis: int = 0, group: Optional[ProcessGroup] = None,
     axis = _axis(x, axis, ctx, "all_gather")
     total = x.nbytes * g.size
     return _issue(ctx, "all_gather", g, x, {"axis": axis},
-                  {"shape": x.shape, "dtype": str(x.dtype), "axis": axis},
+                  {"shape": x.shape, "dtype": x.dtype, "axis": axis},
                   total, float(total), async_op)
 
 
@@ -224,7 +260,7 @@ def reduce_scatter(x, op: str = "sum", axis: int = 0, group: Optional[ProcessGro
             f"{axis} of shape {x.shape} into {g.size} equal chunks, but {x.shape[axis]} is "
             f"not divisible by {g.size}; pad axis {axis} to a multiple of {g.size}")
     return _issue(ctx, "reduce_scatter", g, x, {"op": op, "axis": axis},
-                  {"shape": x.shape, "dtype": str(x.dtype), "op": op, "axis": axis},
+                  {"shape": x.shape, "dtype": x.dtype, "op": op, "axis": axis},
                   x.nbytes // g.size, float(x.nbytes), async_op)
 
 
@@ -258,7 +294,7 @@ def reduce(x, dst: int, op: str = "sum", group: Optional[ProcessGroup] = None,
     d = _root(ctx, g, dst, "dst", "reduce")
     op = check_op(op, x.dtype)
     return _issue(ctx, "reduce", g, x, {"dst": d, "op": op},
-                  {"shape": x.shape, "dtype": str(x.dtype), "op": op, "dst": dst},
+                  {"shape": x.shape, "dtype": x.dtype, "op": op, "dst": dst},
                   x.nbytes if ctx.rank == dst else 0, float(x.nbytes), async_op, root=d)
 
 
@@ -269,7 +305,7 @@ def gather(x, dst: int, group: Optional[ProcessGroup] = None, async_op: bool = F
     d = _root(ctx, g, dst, "dst", "gather")
     total = x.nbytes * g.size
     return _issue(ctx, "gather", g, x, {"dst": d},
-                  {"shape": x.shape, "dtype": str(x.dtype), "dst": dst},
+                  {"shape": x.shape, "dtype": x.dtype, "dst": dst},
                   total if ctx.rank == dst else 0, float(total), async_op, root=d)
 
 
@@ -287,11 +323,11 @@ def scatter(pieces: Optional[Sequence], src: int, group: Optional[ProcessGroup] 
                 f"rank {ctx.rank}: scatter source must pass one piece per rank of group {g} "
                 f"({g.size}), got {got}")
         payload = [np.asarray(p) for p in pieces]
-        shapes = {(p.shape, str(p.dtype)) for p in payload}
+        shapes = {(p.shape, p.dtype) for p in payload}
         if len(shapes) != 1:
             raise CollectiveUsageError(
                 f"rank {ctx.rank}: scatter pieces must share one shape and dtype, got "
-                f"{[(p.shape, str(p.dtype)) for p in payload]}; use all_to_all for uneven pieces")
+                f"{[(p.shape, p.dtype) for p in payload]}; use all_to_all for uneven pieces")
     out_nb = payload[0].nbytes if payload else 0
     return _issue(ctx, "scatter", g, payload, {"src": s}, {"src": src}, out_nb,
                   float(out_nb * g.size) if payload else None, async_op, root=s)
@@ -307,10 +343,10 @@ def all_to_all(pieces: Sequence, group: Optional[ProcessGroup] = None,
             f"rank {ctx.rank}: all_to_all on group {g} needs one piece per rank "
             f"({g.size}), got {len(pieces)}")
     pieces = [np.asarray(p) for p in pieces]
-    dtypes = {str(p.dtype) for p in pieces}
+    dtypes = {p.dtype for p in pieces}
     if len(dtypes) != 1:
         raise CollectiveUsageError(f"rank {ctx.rank}: all_to_all pieces must share one dtype, "
-                                   f"got {sorted(dtypes)}")
+                                   f"got {sorted(map(str, dtypes))}")
     sizes = [p.nbytes for p in pieces]
     return _issue(ctx, "all_to_all", g, pieces, {}, {"dtype": dtypes.pop()},
                   sum(sizes), float(sum(sizes)), async_op, size_info=sizes)
@@ -338,8 +374,8 @@ def all_to_all_single(x, input_split_sizes: Optional[Sequence[int]] = None, axis
             f"summing to x.shape[{axis}] = {x.shape[axis]}")
     pieces = np.split(x, np.cumsum(splits)[:-1], axis=axis)
     sizes = [p.nbytes for p in pieces]
-    return _issue(ctx, "all_to_all", g, pieces, {},
-                  {"dtype": str(x.dtype), "axis": axis,
+    return _issue(ctx, "all_to_all_single", g, pieces, {},
+                  {"dtype": x.dtype, "axis": axis,
                    "other_dims": x.shape[:axis] + x.shape[axis + 1:]},
                   x.nbytes, float(x.nbytes), async_op, size_info=sizes,
                   post=lambda got: np.concatenate(got, axis=axis))
@@ -375,7 +411,7 @@ def isend(x, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Wo
     ctx.trace.record(Event(ctx.rank, "p2p", "send", start, end, nbytes=x.nbytes,
                            group=(ctx.rank, dst), label=f"to {dst}",
                            meta={"sent_bytes": x.nbytes, "link": link.name, "where": where}))
-    return Work(ctx, lambda: (None, end))
+    return Work(ctx, lambda: (None, end), ready=lambda: True)
 
 
 def irecv(src: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Work:
@@ -396,7 +432,7 @@ def irecv(src: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Work:
                                meta={"link": link.name}))
         return arr, end
 
-    return Work(ctx, finish)
+    return Work(ctx, finish, ready=handle.is_completed)
 
 
 def send(x, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> None:

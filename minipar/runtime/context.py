@@ -34,12 +34,18 @@ class Context:
         self.backend = backend
         self.algorithm = algorithm  # default collective algorithm for the cost model
         self.world = ProcessGroup(tuple(range(world_size)), "world")
-        self.pending = None  # the last collective issued whose timing is not yet known
+        self.pending: dict = {}  # group key -> last collective issued, timing not yet known
         self.cost_cache: dict = {}  # memoised cost-model answers (see collectives._cost)
 
     @property
     def node(self) -> int:
         return self.topology.node_of(self.rank)
+
+    def resolve_pending(self) -> None:
+        """Learn when every collective issued so far ends (at the end of a program, a
+        collective never waited on still takes its time on the clock)."""
+        for work in list(self.pending.values()):
+            work._resolve()
 
     def compute(self, flops: float, dtype="float32", name: str = "compute",
                 label: str = "") -> Event:

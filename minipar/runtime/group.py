@@ -12,7 +12,7 @@ ranks (separate call counters, as separate NCCL communicators would have).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 
@@ -22,14 +22,13 @@ class ProcessGroup:
 
     ranks: tuple[int, ...]
     name: str = "group"
+    size: int = field(init=False, repr=False, compare=False)
+    key: tuple = field(init=False, repr=False, compare=False)
 
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-    @property
-    def key(self) -> tuple:
-        return (self.name, self.ranks)
+    def __post_init__(self):
+        # computed once: every collective looks these up
+        object.__setattr__(self, "size", len(self.ranks))
+        object.__setattr__(self, "key", (self.name, self.ranks))
 
     def group_rank(self, global_rank: int) -> int:
         """Position of `global_rank` in the group (torch's get_group_rank)."""

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 from .backends.sim import SimWorld
 from .cost import ALGORITHMS
 from .context import Context, set_current
-from .errors import MiniparError, RankFailedError, WorldAborted
+from .errors import DeadlockError, MiniparError, RankFailedError, WorldAborted
 from .topology import Topology
 
 
@@ -74,9 +74,7 @@ def launch(fn: Callable[[Context], Any], world_size: int, topology: Optional[Top
         set_current(contexts[rank])
         try:
             results[rank] = fn(contexts[rank])
-            pending = contexts[rank].pending  # a collective never waited on still ends
-            if pending is not None:
-                pending._resolve()
+            contexts[rank].resolve_pending()  # a collective never waited on still ends
         except BaseException as exc:  # noqa: BLE001 - reported by launch
             failures[rank] = (exc, traceback.format_exc())
             world.fail(exc)
@@ -101,7 +99,8 @@ def _first_failure(error: BaseException, failures: dict) -> BaseException:
     """The error launch raises: the first failure, not the WorldAborted echoes of it."""
     if isinstance(error, MiniparError) and not isinstance(error, WorldAborted):
         rank = next((r for r, (e, _) in sorted(failures.items()) if e is error), None)
-        if rank is not None and not getattr(error, "_rank_noted", False):
+        if (rank is not None and not isinstance(error, DeadlockError)
+                and not getattr(error, "_rank_noted", False)):
             error.add_note(f"(raised on rank {rank})")
             error._rank_noted = True
         return error

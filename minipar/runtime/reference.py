@@ -58,7 +58,7 @@ def reduce_blocks(blocks: Sequence[Block], op: str = "sum") -> Block:
     for b in blocks[1:]:
         fn(acc, b, out=acc)
     if name == "avg":
-        acc = (acc / len(blocks)).astype(blocks[0].dtype, copy=False)
+        acc = np.asarray(acc / len(blocks)).astype(blocks[0].dtype, copy=False)  # 0-d too
     return acc
 
 

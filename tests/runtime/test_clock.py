@@ -56,7 +56,8 @@ def test_wait_until_never_moves_the_clock_back():
 def test_elapsed_is_the_latest_stream():
     c = Clock()
     c.advance_compute(1.0)
-    c.comm, c.p2p = 4.0, 2.0
+    c.comm_free[("dp", (0, 1))], c.comm_free[("tp", (0, 1))], c.p2p = 4.0, 3.0, 2.0
+    assert c.comm == 4.0 and c.comm_stream(("tp", (0, 1))) == 3.0
     assert c.elapsed() == 4.0
 
 
@@ -359,3 +360,65 @@ def test_isend_runs_on_the_p2p_stream_while_compute_goes_on():
     assert before == exactly(1e-6)
     assert now == exactly(2 * t) and p2p == exactly(2 * t)
     assert res[1] == exactly(2 * t)
+
+
+# ---- one comm stream per process group ------------------------------------------------
+@pytest.mark.timeout(20)
+def test_collectives_of_different_groups_overlap_and_of_one_group_queue():
+    """An async all_reduce on the dp group does not delay a tp all_reduce issued after it,
+    while a second dp all_reduce queues behind the first."""
+    nbytes = 8 * 1_000_000
+
+    def prog(ctx):
+        mesh = mp.init_device_mesh((2, 2), ("dp", "tp"))
+        dp, tp = mesh.get_group("dp", ctx.rank), mesh.get_group("tp", ctx.rank)
+        w1 = mp.all_reduce(np.ones(nbytes // 8), group=dp, async_op=True)
+        w2 = mp.all_reduce(np.ones(nbytes // 8), group=dp, async_op=True)
+        mp.all_reduce(np.ones(nbytes // 8), group=tp)
+        w1.wait(), w2.wait()
+        return [(e.label, e.start, e.end) for e in ctx.trace.of("comm")]
+
+    t = mp.Link.nvlink4().latency * 2 + 2 * (1 / 2) * nbytes / mp.Link.nvlink4().bandwidth
+    for events in mp.launch(prog, 4):
+        by_label = sorted(events, key=lambda e: (e[0], e[1]))
+        dp1, dp2, tp1 = by_label[0], by_label[1], by_label[2]
+        assert dp1[1] == 0.0 and dp1[2] == pytest.approx(t)
+        assert dp2[1] == pytest.approx(t) and dp2[2] == pytest.approx(2 * t)  # queued
+        assert tp1[1] == 0.0 and tp1[2] == pytest.approx(t)  # ran alongside dp1
+
+
+@pytest.mark.timeout(20)
+def test_an_unmatched_collective_of_one_group_does_not_block_another_group():
+    """Rank 0 issues an async all_reduce on {0, 2}, then a blocking one on {0, 1}; rank 2
+    joins the first only after hearing from rank 1, who first needs the second. With one
+    stream per group (as in PyTorch's NCCL backend) this completes."""
+    def prog(ctx):
+        a, b = mp.new_group([0, 2], name="a"), mp.new_group([0, 1], name="b")
+        if ctx.rank == 0:
+            w = mp.all_reduce(np.array([1.0]), group=a, async_op=True)
+            got_b = mp.all_reduce(np.array([1.0]), group=b)
+            return float(w.wait()[0]), float(got_b[0])
+        if ctx.rank == 1:
+            got_b = mp.all_reduce(np.array([2.0]), group=b)
+            mp.send(np.array([7.0]), dst=2)
+            return float(got_b[0])
+        token = mp.recv(src=1)
+        return float(mp.all_reduce(np.array([10.0]) + token, group=a)[0])
+
+    assert mp.launch(prog, 3) == [(18.0, 3.0), 3.0, 18.0]
+
+
+@pytest.mark.timeout(20)
+def test_is_completed_tells_without_blocking():
+    def prog(ctx):
+        if ctx.rank == 0:
+            w = mp.all_reduce(np.ones(2), async_op=True)
+            before = w.is_completed()  # rank 1 has not arrived: it waits for our token
+            mp.send(np.ones(1), dst=1)
+            w.wait()
+            return before, w.is_completed()
+        mp.recv(src=0)
+        return mp.all_reduce(np.ones(2)).tolist()
+
+    res = mp.launch(prog, 2)
+    assert res[0] == (False, True) and res[1] == [2.0, 2.0]

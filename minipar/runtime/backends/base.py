@@ -29,6 +29,12 @@ class Call:
     where: str  # the caller's file:line, for diagnoses
     size_info: Optional[list] = None  # per-rank sizes the cost model needs (all_to_all)
 
+    @property
+    def ref_kind(self) -> str:
+        """The reference definition that computes it: all_to_all_single moves its pieces
+        exactly as all_to_all does (the front end cuts and glues the array)."""
+        return "all_to_all" if self.kind == "all_to_all_single" else self.kind
+
     def describe(self) -> str:
         sig = ", ".join(f"{k}={v}" for k, v in self.signature.items() if k != "kind")
         return f"{self.kind}({sig}) on group {self.group} at {self.where}"

@@ -195,7 +195,7 @@ class SimWorld:
         """The last arrival computes every member's result through the reference."""
         calls = [slot.calls[i] for i in range(slot.size)]
         payloads = [c.payload for c in calls]
-        results = REFERENCES[calls[0].kind](payloads, **calls[0].params)
+        results = REFERENCES[calls[0].ref_kind](payloads, **calls[0].params)
         results = _dealias(results, payloads)
         start = max(c.local_start for c in calls)
         infos = [c.size_info for c in calls] if calls[0].size_info is not None else None

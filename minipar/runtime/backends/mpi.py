@@ -1,0 +1,435 @@
+"""The MPI backend: each rank is a process of `mpiexec -n N python prog.py` (mpi4py).
+
+The front end (`collectives.py`) is the sim backend's; this backend only moves data, with
+MPI's nonblocking buffer calls on one communicator per process group (`Create_group` at
+the group's first collective, cached by `group.key`; group rank i is communicator rank i):
+
+    all_reduce  Iallreduce        reduce_scatter  Ireduce_scatter_block (axis moved first)
+    reduce      Ireduce           all_gather      Iallgather, then concatenated on `axis`
+    gather      Igather           broadcast       Ibcast of a header, then of the data
+    barrier     Ibarrier          scatter         Ibcast of a header, then Iscatter
+    all_to_all  Ialltoall of one header per piece, then Ialltoallv of the bytes
+
+Each also Iallreduces (MAX) the members' `local_start` into `Outcome.start` and
+Iallgathers their `size_info`, so clocks, ledgers and traces are the sim backend's. Data
+moves as bytes; a header (dtype code, ndim, shape, a time) tells receivers what comes.
+
+Reductions: MPI reduces float32/64 and integers itself (avg = sum / n, as in reference.py)
+in an order of its choosing, so float results may differ from the sim backend's in the
+last bits. It cannot add bfloat16 or float16: those blocks are all-gathered and reduced
+by reference.py in group order, giving the sim backend's bits.
+
+Point to point is eager, as on the sim backend: `send` Isends a header and a private copy
+of the data and keeps both until complete (all complete at the end of `launch_mpi`);
+`recv` posts its header receive at once, so receives match messages in posting order, and
+its data receive when the header is in. Collectives of different groups may be in flight
+at once (the front end orders each group's own); a two-stage one (broadcast, scatter,
+all_to_all) posts its second stage when its first is done, and a rank blocked on anything
+keeps the others moving, so that what runs on the sim backend does not deadlock here.
+
+Not available under MPI: mismatch and deadlock diagnosis. MPI matches collectives by
+order and trusts them; ranks that call different things may hang, fail inside MPI or get
+wrong data: run the program with backend="sim" to see which rank called what. Making a
+group's communicator blocks until all its members reach their first collective on it, so
+ranks that start two shared groups in opposite orders (with async_op) wait forever. A rank
+that raises aborts the job (MPI_Abort) after printing its traceback, as the others would
+wait for it forever.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import traceback
+import zlib
+from collections import deque
+from typing import Any, Callable, Generator, Optional
+
+import ml_dtypes
+import numpy as np
+
+try:
+    from mpi4py import MPI
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError('backend="mpi" needs mpi4py and an MPI library: pip install -e ".[mpi]" '
+                      "(mpi4py and the mpich wheel), then run under mpiexec -n N") from exc
+
+from ..context import Context, set_current
+from ..errors import CollectiveUsageError, MiniparError
+from ..group import ProcessGroup
+from ..launch import LaunchResult
+from ..reference import REFERENCES
+from ..topology import Topology
+from .base import Call, Outcome
+
+MAX_NDIM = 32
+HEADER = 3 + MAX_NDIM  # [dtype code, ndim, float64 bits of a time, shape padded with 0]
+DTYPES = [np.dtype(t) for t in (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128", ml_dtypes.bfloat16,
+    ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)]
+CODES = {d: i for i, d in enumerate(DTYPES)}
+NATIVE = {np.dtype(t): getattr(MPI, t.upper() + "_T") for t in (
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}
+NATIVE.update({np.dtype("float32"): MPI.FLOAT, np.dtype("float64"): MPI.DOUBLE})
+OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+Steps = Generator[list, None, Any]  # yields the requests of each stage, returns the result
+
+
+class BufferCache:
+    """Results of 1 MiB or more reuse buffers no array refers to any more, as PyTorch's
+    caching allocator reuses freed GPU memory: fresh pages, which the kernel must map and
+    zero, were most of the overhead over a bare mpi4py Allreduce. A buffer is handed out
+    again only when no result, nor any view of one, is alive: results stay functional."""
+
+    def __init__(self, min_bytes: int = 1 << 20, limit: int = 8):
+        self.min_bytes, self.limit, self._bufs = min_bytes, limit, []  # uint8 owners
+
+    def empty(self, shape: tuple, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < self.min_bytes:
+            return np.empty(shape, dtype)
+        for i in reversed(range(len(self._bufs))):  # most recently used first: still warm
+            if self._bufs[i].nbytes == nbytes and sys.getrefcount(self._bufs[i]) == 2:
+                self._bufs.append(self._bufs.pop(i))  # 2 refs above: the list, the argument
+                return self._bufs[-1].view(dtype).reshape(shape)
+        free = [i for i in range(len(self._bufs)) if sys.getrefcount(self._bufs[i]) == 2]
+        if len(self._bufs) >= self.limit and free:
+            del self._bufs[free[0]]  # forget the least recently used free buffer
+        buf = np.empty(nbytes, np.uint8)
+        if len(self._bufs) < self.limit:
+            self._bufs.append(buf)
+        return buf.view(dtype).reshape(shape)
+
+
+CACHE = BufferCache()
+
+
+def _copy(a: np.ndarray) -> np.ndarray:
+    out = CACHE.empty(a.shape, a.dtype)
+    out[...] = a
+    return out
+
+
+def _raw(a: np.ndarray) -> list:
+    """A C-contiguous array as [bytes, MPI.BYTE]: any dtype moves as bytes."""
+    return [a.reshape(-1).view(np.uint8), MPI.BYTE]
+
+
+def _typed(a: np.ndarray) -> list:
+    return [a.reshape(-1), NATIVE[a.dtype]]
+
+
+def _who(call: Call) -> str:
+    return f"rank {call.rank}: {call.describe()}"
+
+
+def _check(a: np.ndarray, who) -> None:
+    """Refuse what cannot move as bytes; `who` (a Call or a text) names the caller."""
+    if a.dtype not in CODES or a.ndim > MAX_NDIM:
+        raise CollectiveUsageError(
+            f"{who if isinstance(who, str) else _who(who)}: the mpi backend cannot move an "
+            f"array of shape {a.shape} and dtype {a.dtype}; it moves up to {MAX_NDIM} "
+            f"dimensions of {[str(d) for d in DTYPES]}")
+
+
+def _header(a: np.ndarray, who, when: float = 0.0) -> np.ndarray:
+    """What a receiver needs to know of `a`: dtype code, ndim, a time, shape."""
+    _check(a, who)
+    h = np.zeros(HEADER, np.int64)
+    h[0], h[1], h[2] = CODES[a.dtype], a.ndim, np.float64(when).view(np.int64)
+    h[3:3 + a.ndim] = a.shape
+    return h
+
+
+def _unheader(h: np.ndarray) -> tuple[tuple, np.dtype, float]:
+    """(shape, dtype, time) from a header."""
+    return tuple(int(s) for s in h[3:3 + h[1]]), DTYPES[h[0]], float(h[2:3].view(np.float64)[0])
+
+
+def _avg(total: np.ndarray, op: str, n: int) -> np.ndarray:
+    return np.asarray(total / n).astype(total.dtype, copy=False) if op == "avg" else total
+
+
+def _offsets(counts: list[int]) -> list[int]:
+    return [0] + np.cumsum(counts)[:-1].tolist()
+
+
+# ---- one generator per collective: post a stage, yield its requests; return the result ---
+def _all_reduce(comm, me: int, call: Call) -> Steps:
+    x, op = np.ascontiguousarray(call.payload), call.params["op"]
+    out = CACHE.empty(x.shape, x.dtype)
+    yield [comm.Iallreduce(_typed(x), _typed(out), OPS[op])]
+    return _avg(out, op, comm.size)
+
+
+def _reduce(comm, me: int, call: Call) -> Steps:
+    x, op, dst = np.ascontiguousarray(call.payload), call.params["op"], call.params["dst"]
+    out = CACHE.empty(x.shape, x.dtype) if me == dst else None
+    yield [comm.Ireduce(_typed(x), None if out is None else _typed(out), OPS[op], root=dst)]
+    return None if out is None else _avg(out, op, comm.size)
+
+
+def _reduce_scatter(comm, me: int, call: Call) -> Steps:
+    op, axis = call.params["op"], call.params["axis"]
+    front = np.ascontiguousarray(np.moveaxis(call.payload, axis, 0))  # chunk i: rank i's rows
+    out = CACHE.empty((front.shape[0] // comm.size,) + front.shape[1:], front.dtype)
+    yield [comm.Ireduce_scatter_block(_typed(front), _typed(out), OPS[op])]
+    return np.ascontiguousarray(np.moveaxis(_avg(out, op, comm.size), 0, axis))
+
+
+def _by_reference(comm, me: int, call: Call) -> Steps:
+    """A reduction MPI cannot do (bfloat16, float16, ...): all-gather the blocks, then
+    reduce them with reference.py in group order, as the sim backend does."""
+    x = np.ascontiguousarray(call.payload)
+    blocks = CACHE.empty((comm.size,) + x.shape, x.dtype)
+    yield [comm.Iallgather(_raw(x), _raw(blocks))]
+    return REFERENCES[call.ref_kind](list(blocks), **call.params)[me]
+
+
+def _all_gather(comm, me: int, call: Call) -> Steps:
+    x, axis = np.ascontiguousarray(call.payload), call.params["axis"]
+    blocks = CACHE.empty((comm.size,) + x.shape, x.dtype)
+    yield [comm.Iallgather(_raw(x), _raw(blocks))]
+    return blocks.reshape((-1,) + x.shape[1:]) if axis == 0 else np.concatenate(blocks, axis)
+
+
+def _gather(comm, me: int, call: Call) -> Steps:
+    x, dst = np.ascontiguousarray(call.payload), call.params["dst"]
+    blocks = CACHE.empty((comm.size,) + x.shape, x.dtype) if me == dst else None
+    yield [comm.Igather(_raw(x), None if blocks is None else _raw(blocks), root=dst)]
+    return None if blocks is None else list(blocks)
+
+
+def _broadcast(comm, me: int, call: Call) -> Steps:
+    src = call.params["src"]
+    mine = _copy(call.payload) if me == src else None  # the source's own result
+    head = _header(mine, call) if me == src else np.empty(HEADER, np.int64)
+    yield [comm.Ibcast(head, root=src)]
+    shape, dtype, _ = _unheader(head)
+    out = mine if me == src else CACHE.empty(shape, dtype)
+    yield [comm.Ibcast(_raw(out), root=src)]
+    return out
+
+
+def _scatter(comm, me: int, call: Call) -> Steps:
+    src = call.params["src"]
+    pieces = np.stack(call.payload) if me == src else None  # [n, *piece shape]
+    head = _header(pieces[0], call) if me == src else np.empty(HEADER, np.int64)
+    yield [comm.Ibcast(head, root=src)]
+    shape, dtype, _ = _unheader(head)
+    out = CACHE.empty(shape, dtype)
+    yield [comm.Iscatter(None if pieces is None else _raw(pieces), _raw(out), root=src)]
+    return out
+
+
+def _all_to_all(comm, me: int, call: Call) -> Steps:
+    pieces = [np.ascontiguousarray(p) for p in call.payload]
+    heads = np.stack([_header(p, call) for p in pieces])
+    theirs = np.empty_like(heads)  # theirs[j]: the header of the piece rank j sends here
+    yield [comm.Ialltoall(heads, theirs)]
+    got = [_unheader(h) for h in theirs]
+    sent, counts = [p.nbytes for p in pieces], [int(np.prod(s)) * d.itemsize for s, d, _ in got]
+    send = np.concatenate([_raw(p)[0] for p in pieces])
+    recv = CACHE.empty((sum(counts),), np.uint8)
+    yield [comm.Ialltoallv([send, (sent, _offsets(sent)), MPI.BYTE],
+                           [recv, (counts, _offsets(counts)), MPI.BYTE])]
+    return [recv[o:o + c].view(d).reshape(s)
+            for (s, d, _), o, c in zip(got, _offsets(counts), counts)]
+
+
+def _barrier(comm, me: int, call: Call) -> Steps:
+    yield [comm.Ibarrier()]
+
+
+KINDS: dict[str, Callable[..., Steps]] = {
+    "all_reduce": _all_reduce, "reduce": _reduce, "reduce_scatter": _reduce_scatter,
+    "all_gather": _all_gather, "gather": _gather, "broadcast": _broadcast,
+    "scatter": _scatter, "all_to_all": _all_to_all, "barrier": _barrier}
+
+
+# ---- handles --------------------------------------------------------------------------
+class MpiHandle:
+    """One collective in flight: the requests of its current stage, then its Outcome."""
+
+    def __init__(self, backend: "MpiBackend", call: Call, steps: Steps, first: list,
+                 keep: tuple):
+        self._b, self._call, self._steps, self._keep = backend, call, steps, keep
+        self._outcome: Optional[Outcome] = None  # keep: our buffers, which mpi4py does not
+        self._reqs = first + self._guard(next, steps)
+        backend.inflight.append(self)
+
+    def _guard(self, fn: Callable, *args):
+        try:
+            return fn(*args)
+        except MPI.Exception as exc:
+            raise MiniparError(
+                f"{_who(self._call)}: MPI failed: {exc}. The mpi backend cannot diagnose ranks "
+                "that call different collectives; run the program with backend='sim' to see "
+                "which rank called what") from exc
+
+    def _next(self) -> None:
+        try:
+            self._reqs = self._guard(self._steps.send, None)
+        except StopIteration as stop:
+            _, latest, _, infos = self._keep
+            self._outcome = Outcome(stop.value, float(latest[0]),
+                                    None if infos is None else [r.tolist() for r in infos])
+            self._b.inflight.remove(self)
+
+    def is_completed(self) -> bool:
+        """Post the next stage if the current one is done; never blocks."""
+        while self._outcome is None and self._guard(MPI.Request.Testall, self._reqs):
+            self._next()
+        return self._outcome is not None
+
+    def wait(self) -> Outcome:
+        while self._outcome is None:
+            self._guard(self._b.block, self._reqs, self)
+            self._next()
+        return self._outcome
+
+
+class _Receive:
+    """A posted receive: the header now, the data once the header says how much."""
+
+    def __init__(self, backend: "MpiBackend", src: int, tag: int, queue: deque):
+        self._b, self._src, self._tag, self._queue = backend, src, tag, queue
+        self._head = np.empty(HEADER, np.int64)
+        self._req = backend.heads.Irecv(self._head, src, tag)
+        self._data: Optional[np.ndarray] = None
+        self._outcome: Optional[Outcome] = None
+        queue.append(self)  # receives from one (src, tag) post their data in this order
+
+    def is_completed(self) -> bool:
+        """Move on without blocking; True once the message is in."""
+        if self._data is None and self._queue[0] is self and self._req.Test():
+            shape, dtype, self._arrival = _unheader(self._head)
+            self._data = CACHE.empty(shape, dtype)
+            self._req = self._b.data.Irecv(_raw(self._data), self._src, self._tag)
+            self._queue.popleft()
+        if self._outcome is None and self._data is not None and self._req.Test():
+            self._outcome = Outcome(self._data, self._arrival)
+        return self._outcome is not None
+
+    def wait(self) -> Outcome:
+        while self._data is None and self._queue[0] is not self:
+            self._queue[0].wait()  # an earlier receive from the same (src, tag) goes first
+        while not self.is_completed():
+            self._b.block([self._req], None)
+        return self._outcome
+
+
+# ---- the backend -----------------------------------------------------------------------
+class MpiBackend:
+    """This process's side of every collective and message, through mpi4py."""
+
+    name = "mpi"
+
+    def __init__(self, world=MPI.COMM_WORLD):
+        self.world = world
+        self.heads, self.data = world.Dup(), world.Dup()  # p2p: headers, then the data
+        self.inflight: list[MpiHandle] = []  # collectives not yet finished
+        self._comms: dict[tuple, Any] = {}
+        self._sends: list[tuple] = []  # (requests, buffers) of sends not known complete
+        self._queues: dict[tuple, deque] = {}
+        self._tag_ub = int(world.Get_attr(MPI.TAG_UB))
+
+    def block(self, reqs: list, waiter: Optional[MpiHandle]) -> None:
+        """Wait for `reqs`; while other collectives are in flight, keep them moving (post
+        their next stage as soon as they can), since other ranks may be waiting on them."""
+        while any(h is not waiter for h in self.inflight):
+            if MPI.Request.Testall(reqs):
+                return
+            for h in [h for h in self.inflight if h is not waiter]:
+                h.is_completed()
+        MPI.Request.Waitall(reqs)
+
+    def comm(self, group: ProcessGroup):
+        """The communicator of `group`; made at its first use, collectively over it."""
+        if group.key not in self._comms:
+            tag = zlib.crc32(repr(group.key).encode()) % 32768  # the same on every member
+            everyone = self.world.Get_group()
+            members = everyone.Incl(list(group.ranks))
+            self._comms[group.key] = self.world.Create_group(members, tag)
+            members.Free(), everyone.Free()
+        return self._comms[group.key]
+
+    def collective(self, call: Call) -> MpiHandle:
+        if call.ref_kind not in KINDS:
+            raise CollectiveUsageError(f"{_who(call)}: the mpi backend has no {call.kind!r}")
+        for a in [call.payload] if isinstance(call.payload, np.ndarray) else call.payload or []:
+            _check(np.asarray(a), call)
+        comm, me = self.comm(call.group), call.group.group_rank(call.rank)
+        start, latest = np.array([call.local_start], np.float64), np.empty(1)
+        first, mine, infos = [comm.Iallreduce(start, latest, MPI.MAX)], None, None
+        if call.size_info is not None:
+            mine = np.asarray(call.size_info, np.int64)
+            infos = np.empty((comm.size, mine.size), np.int64)
+            first.append(comm.Iallgather(mine, infos))
+        kind = KINDS[call.ref_kind]
+        if call.kind in ("all_reduce", "reduce", "reduce_scatter") and \
+                call.payload.dtype not in NATIVE:
+            kind = _by_reference
+        return MpiHandle(self, call, kind(comm, me, call), first, (start, latest, mine, infos))
+
+    def _check_tag(self, tag: int, what: str) -> None:
+        if not 0 <= tag <= self._tag_ub:
+            raise CollectiveUsageError(f"{what} tag={tag}: an MPI tag is in [0, {self._tag_ub}]")
+
+    def send(self, rank: int, array, dst: int, tag: int, arrival: float, where: str) -> None:
+        who = f"rank {rank}: send to rank {dst} at {where}"
+        self._check_tag(tag, who)
+        data = _copy(np.asarray(array))  # the message: a private copy
+        head = _header(data, who, arrival)
+        reqs = [self.heads.Isend(head, dst, tag), self.data.Isend(_raw(data), dst, tag)]
+        self._sends = [s for s in self._sends if not MPI.Request.Testall(s[0])]
+        self._sends.append((reqs, head, data))
+
+    def recv(self, rank: int, src: int, tag: int, where: str) -> _Receive:
+        self._check_tag(tag, f"rank {rank}: recv from rank {src} at {where}")
+        return _Receive(self, src, tag, self._queues.setdefault((src, tag), deque()))
+
+    def close(self) -> None:
+        """Take in every posted receive, complete every send, free the communicators."""
+        for queue in self._queues.values():
+            while queue:
+                queue[0].wait()
+        for reqs, *_ in self._sends:
+            MPI.Request.Waitall(reqs)
+        self._sends.clear()
+        for c in [self.heads, self.data, *self._comms.values()]:
+            c.Free()
+        self._comms.clear()
+
+
+def launch_mpi(fn: Callable[[Context], Any], world_size: int, topology: Topology,
+               algorithm: str = "auto") -> LaunchResult:
+    """Run `fn(ctx)` once, as this process's rank of the MPI job; returns [its result]."""
+    world = MPI.COMM_WORLD
+    if world.Get_size() != world_size:
+        raise ValueError(
+            f"launch(..., world_size={world_size}, backend='mpi') is running in an MPI job "
+            f"of {world.Get_size()} process(es); start it with: "
+            f"mpiexec -n {world_size} python <your program>")
+    backend = MpiBackend(world)
+    ctx = Context(world.Get_rank(), world_size, topology, backend, algorithm)
+    set_current(ctx)
+    try:
+        result = fn(ctx)
+        ctx.resolve_pending()  # a collective never waited on still ends
+        backend.close()
+    except BaseException:
+        if world_size == 1:
+            raise
+        sys.stderr.write(f"minipar: rank {ctx.rank} of {world_size} failed; aborting the MPI "
+                         f"job, or the other ranks would wait for it forever.\n"
+                         f"--- traceback of rank {ctx.rank} ---\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        world.Abort(1)
+    finally:
+        set_current(None)
+    out = LaunchResult([result])
+    out.contexts = [ctx]
+    return out

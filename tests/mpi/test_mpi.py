@@ -1,0 +1,100 @@
+"""The MPI backend gives what the sim backend gives: results, clocks and traces, per rank.
+
+tests/mpi/program.py runs under `mpiexec -n 4` (mpi4py, the mpich wheel's mpiexec) and,
+in this process, on four simulated devices; every array must be identical, bit for bit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py")
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+PROGRAM = os.path.join(HERE, "program.py")
+
+
+def _program():
+    spec = importlib.util.spec_from_file_location("minipar_mpi_program", PROGRAM)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _mpiexec() -> str:
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    found = beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+    if found is None:
+        pytest.skip("no mpiexec next to this Python or on PATH (pip install -e '.[mpi]')")
+    return found
+
+
+def _mpirun(n: int, args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    return subprocess.run([_mpiexec(), "-n", str(n), sys.executable, *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[dict, dict]:
+    """(rank -> arrays from the MPI run, rank -> arrays from the sim run)."""
+    out = tmp_path_factory.mktemp("mpi")
+    proc = _mpirun(4, [PROGRAM, "mpi", str(out)])
+    assert proc.returncode == 0, f"mpiexec failed:\n{proc.stdout}\n{proc.stderr}"
+    mpi = {}
+    for r in range(4):
+        with np.load(out / f"rank{r}.npz", allow_pickle=False) as f:
+            mpi[r] = {k: f[k] for k in f.files}
+    return mpi, _program().run("sim")
+
+
+def test_every_rank_gets_the_sim_results_bit_for_bit(runs):
+    mpi, sim = runs
+    for r in range(4):
+        assert set(mpi[r]) == set(sim[r]), f"rank {r}: different results"
+        for name, want in sim[r].items():
+            got = mpi[r][name]
+            assert got.dtype == want.dtype, f"rank {r}, {name}: {got.dtype} != {want.dtype}"
+            np.testing.assert_array_equal(got, want, err_msg=f"rank {r}, {name}")
+
+
+def test_the_program_really_exercises_every_path(runs):
+    _, sim = runs
+    names = {n.split("/")[0] for n in sim[0]} | {n.split("/")[0] for n in sim[3]}
+    for kind in ("all_reduce_bf16", "reduce_scatter_1_avg", "all_gather_1", "gather_to_3",
+                 "scatter_from_0", "all_to_all", "all_to_all_single_uneven", "recv_ring",
+                 "irecv_second", "pair_all_reduce", "evens_bf16", "broadcast_none"):
+        assert kind in names
+    assert str(sim[0]["dtype:all_reduce_bf16"]) == "bfloat16"
+    assert not np.array_equal(sim[0]["irecv_first"], sim[0]["irecv_second"][:2])
+
+
+def test_clock_and_trace_agree_with_the_sim_backend(runs):
+    mpi, sim = runs
+    for r in range(4):
+        assert mpi[r]["clock"][3] > 0
+        np.testing.assert_array_equal(mpi[r]["clock"], sim[r]["clock"], err_msg=f"rank {r}")
+        np.testing.assert_array_equal(mpi[r]["trace_names"], sim[r]["trace_names"])
+        np.testing.assert_array_equal(mpi[r]["trace_times"], sim[r]["trace_times"])
+        np.testing.assert_array_equal(mpi[r]["trace_bytes"], sim[r]["trace_bytes"])
+        assert int(mpi[r]["ledger_peak"]) == int(sim[r]["ledger_peak"])
+    assert max(mpi[r]["clock"][3] for r in range(4)) == max(sim[r]["clock"][3] for r in range(4))
+
+
+def test_a_wrong_process_count_says_how_to_launch(tmp_path):
+    script = tmp_path / "two.py"
+    script.write_text("import minipar as mp\n"
+                      "mp.launch(lambda ctx: ctx.rank, world_size=4, backend='mpi')\n")
+    proc = _mpirun(2, [str(script)])
+    assert proc.returncode != 0
+    assert "mpiexec -n 4" in proc.stderr
