@@ -1,0 +1,110 @@
+"""Layer normalisation y = (x - mean) / sqrt(var + eps) * gamma + beta over the last axis.
+
+    forward:   mu = mean(x),  rstd = 1 / sqrt(mean((x - mu)^2) + eps)
+               xhat = (x - mu) * rstd,  y = xhat * gamma + beta        (Ba et al. 2016)
+    backward:  g = dy * gamma
+               dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+               dgamma = sum over tokens of dy * xhat,  dbeta = sum over tokens of dy
+
+Memory: the forward saves x only. Mean and rstd are recomputed in the backward (a
+reduction over h, cheap next to the matmuls), so a LayerNorm holds exactly its input:
+the 2sbh terms of Korthikanti et al. 2022 for bf16. (Fused GPU kernels also keep mean and
+rstd, 2 floats a token; here the formula is matched to the byte.)
+
+Precision: computed in float32 for bf16/fp16/float32 inputs and in float64 for float64;
+the result is rounded to the input dtype, dgamma/dbeta to gamma's dtype.
+
+FLOPs: none charged; normalisation is not a matmul (see `matmul.py`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .matmul import compute_dtype
+from .parameter import Parameter
+from .saved import Saved
+
+
+def _normalise(xf: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """xhat = (x - mean) * rstd and rstd, along the last axis (xf already in compute dtype)."""
+    mu = xf.mean(axis=-1, keepdims=True)  # mu: [..., 1]
+    xc = xf - mu
+    var = (xc * xc).mean(axis=-1, keepdims=True)  # var: [..., 1]
+    rstd = 1.0 / np.sqrt(var + eps)  # rstd: [..., 1]
+    return xc * rstd, rstd
+
+
+def layernorm_forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
+                      eps: float = 1e-5) -> tuple[np.ndarray, Saved]:
+    """y = (x - mean) / sqrt(var + eps) * gamma + beta; saves x only.
+
+    x: [s, b, h] (any leading dims), gamma: [h], beta: [h] -> y: same shape and dtype as x
+    """
+    if x.shape[-1] != gamma.shape[-1]:
+        raise ValueError(f"layernorm over {gamma.shape[-1]} features got x of shape {x.shape}")
+    ct = compute_dtype(x.dtype)
+    xhat, _ = _normalise(x.astype(ct, copy=False), eps)
+    y = (xhat * gamma.astype(ct, copy=False) + beta.astype(ct, copy=False)).astype(x.dtype)
+    return y, Saved("layernorm", x=x)
+
+
+def layernorm_backward(dy: np.ndarray, saved: Saved, gamma: np.ndarray, eps: float = 1e-5
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma; releases saved.
+
+    dy: [s, b, h] -> dx: [s, b, h] (x's dtype), dgamma: [h], dbeta: [h] (gamma's dtype)
+    """
+    x = saved.x
+    ct = compute_dtype(x.dtype)
+    xhat, rstd = _normalise(x.astype(ct, copy=False), eps)  # recomputed, not saved
+    dyf = dy.astype(ct, copy=False)
+    g = dyf * gamma.astype(ct, copy=False)  # g: [s, b, h], the gradient w.r.t. xhat
+    dx = rstd * (g - g.mean(axis=-1, keepdims=True)
+                 - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    tokens = tuple(range(x.ndim - 1))
+    dgamma = (dyf * xhat).sum(axis=tokens)  # dgamma: [h]
+    dbeta = dyf.sum(axis=tokens)  # dbeta: [h]
+    saved.release()
+    return dx.astype(x.dtype), dgamma.astype(gamma.dtype), dbeta.astype(gamma.dtype)
+
+
+class LayerNorm:
+    """LayerNorm over the last `dim` features; gamma (`{name}.weight`) = 1, beta = 0.
+
+    `weight`/`bias` follow PyTorch's names; `gamma`/`beta` are the same Parameters.
+    """
+
+    def __init__(self, name: str, dim: int, eps: float = 1e-5, dtype=np.float64):
+        self.name = name
+        self.dim = dim
+        self.eps = eps
+        self.weight = Parameter(f"{name}.weight", np.ones(dim, dtype=dtype))
+        self.bias = Parameter(f"{name}.bias", np.zeros(dim, dtype=dtype))
+
+    @property
+    def gamma(self) -> Parameter:
+        return self.weight
+
+    @property
+    def beta(self) -> Parameter:
+        return self.bias
+
+    def forward(self, x: np.ndarray) -> tuple[np.ndarray, Saved]:
+        """y = (x - mean) / sqrt(var + eps) * gamma + beta.  x: [s, b, dim] -> y: same."""
+        return layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
+
+    def backward(self, dy: np.ndarray, saved: Saved) -> np.ndarray:
+        """dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma; accumulates dgamma,
+        dbeta into the parameters.  dy: [s, b, dim] -> dx: [s, b, dim]
+        """
+        dx, dgamma, dbeta = layernorm_backward(dy, saved, self.weight.data, self.eps)
+        self.weight.accumulate(dgamma)
+        self.bias.accumulate(dbeta)
+        return dx
+
+    def parameters(self) -> list[Parameter]:
+        return [self.weight, self.bias]
+
+    def __repr__(self) -> str:
+        return f"LayerNorm({self.name}, dim={self.dim}, eps={self.eps})"

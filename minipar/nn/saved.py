@@ -1,0 +1,63 @@
+"""Tensors a forward keeps for its backward, charged to the ledger as activations.
+
+    y, saved = layer.forward(x)      # saved holds what backward needs, on the ledger
+    dx = layer.backward(dy, saved)   # backward consumes it: the bytes are given back
+
+Keeping the saved tensors in an explicit object (rather than on the layer) lets several
+micro-batches be in flight at once, as pipeline schedules need, and makes activation
+memory visible: the ledger's "activations" category is exactly what `Saved` objects hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from ..runtime.context import current
+
+
+class Saved:
+    """Named arrays (and small non-array values) kept between a forward and its backward."""
+
+    def __init__(self, owner: str, **tensors: Any):
+        self._owner = owner
+        self._ledger = current().ledger
+        self._names: list[str] = []
+        self._values = dict(tensors)
+        for key, value in tensors.items():
+            if isinstance(value, np.ndarray):
+                self._names.append(self._ledger.hold_unique(f"act:{owner}.{key}", value,
+                                                            "activations"))
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.__dict__["_values"][key]
+        except KeyError:
+            raise AttributeError(f"{self.__dict__.get('_owner', '?')} saved no {key!r}") from None
+
+    def nbytes(self) -> int:
+        """Bytes of the arrays held, nested Saved objects included (what the ledger holds)."""
+        return sum(v.nbytes if isinstance(v, np.ndarray) else v.nbytes()
+                   for v in self._values.values() if isinstance(v, (np.ndarray, Saved)))
+
+    def release(self) -> None:
+        """Give the bytes back (backward is done with them), nested Saved objects too.
+        Safe to call twice."""
+        for name in self._names:
+            self._ledger.release(name)
+        for v in self._values.values():
+            if isinstance(v, Saved):
+                v.release()
+        self._names = []
+        self._values = {}
+
+    @property
+    def released(self) -> bool:
+        return not self._values
+
+
+def release_all(*saved: Optional[Saved]) -> None:
+    for s in saved:
+        if s is not None:
+            s.release()
