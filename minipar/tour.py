@@ -4,8 +4,9 @@ Eight simulated H100s on two nodes of four; every collective runs once on tiny,
 rank-dependent data so you can see what moved where, then once more on megabytes so the
 simulated clock has something to say; a ring all-reduce built from send/recv shows its
 steps; the same all-reduce inside a node and across nodes shows why tensor parallelism
-stays on NVLink; two timelines close the tour, the second showing compute and
-communication overlapping on their two streams.
+stays on NVLink; two timelines show the collectives and then compute and communication
+overlapping on their streams; one training step of the single-device GPT, with its
+memory and FLOPs accounted, closes the tour.
 """
 
 from __future__ import annotations
@@ -138,11 +139,47 @@ def run_tour(out: Print = print, nbytes: int = 4 << 20, trace_path: Optional[str
     all_events = res.events()
     out(render_timeline(all_events, n, width=width, ascii=ascii))
     out(summarize(all_events, n))
+    out("")
+    _single_device_step(out)
     if trace_path:
         to_chrome_trace(all_events, trace_path, topology=topo)
         out(f"\nChrome trace written to {trace_path}: open it in https://ui.perfetto.dev "
             "or chrome://tracing")
     return res
+
+
+def _single_device_step(out: Print) -> None:
+    """Part 7: one bf16 training step of a small GPT, with every byte and FLOP accounted."""
+    from .nn import GPT, GPTConfig
+    from .optim import AdamW, MixedPrecisionOptimizer
+    from .plan import activation_bytes_per_layer, model_flops
+
+    s, b = 32, 4
+    cfg = GPTConfig(vocab_size=128, seq_len=s, hidden=64, num_heads=4, num_layers=2,
+                    dropout=0.1, dtype="bfloat16")
+    out("7. The model every parallel form is checked against: one bf16 training step of a GPT")
+    with mp.device() as ctx:
+        model = GPT(cfg)
+        opt = MixedPrecisionOptimizer(AdamW, model.parameters(), dtype="bfloat16", lr=1e-3)
+        ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (s, b))
+        loss, cache = model.forward(ids, np.roll(ids, -1, axis=0), np.random.default_rng(0))
+        act = ctx.ledger.held("activations")
+        model.backward(cache)
+        opt.step()
+        psi = model.num_parameters()
+        flops = sum(e.flops for e in ctx.trace.of("compute"))
+        per_layer = activation_bytes_per_layer(s, b, cfg.hidden, cfg.num_heads)
+        out(f"   GPT: l={cfg.num_layers}, h={cfg.hidden}, a={cfg.num_heads}, V={cfg.vocab_size}, "
+            f"s={s}, b={b}: {psi:,} parameters (psi); loss {loss:.4f}")
+        for cat, per in (("parameters", 2), ("gradients", 2), ("optimizer_states", 12)):
+            held = ctx.ledger.held(cat)
+            out(f"   {cat:<17}{fmt_bytes(held):>12}  = {held / psi:>4g} bytes x psi "
+                f"(expected {per})")
+        out(f"   activations after forward {fmt_bytes(act)}; per layer "
+            f"sbh(34 + 5as/h) = {fmt_bytes(per_layer)} (Korthikanti et al. 2022)")
+        out(f"   FLOPs on the clock {flops:,.0f} = 72Bslh^2(1 + s/6h + V/12lh) = "
+            f"{model_flops(b, s, cfg.num_layers, cfg.hidden, cfg.vocab_size):,.0f}; "
+            f"{_fmt_t(ctx.clock.now).strip()} on one {ctx.device.name}")
 
 
 def _overlap(ctx: mp.Context, nbytes: int) -> None:

@@ -23,6 +23,11 @@ def test_tour_runs_and_reports(tmp_path, capsys):
     slower = float(re.search(r"([\d.]+)x slower", out).group(1))
     assert slower > 1.5
     assert "overlap" in out and "#" in out  # ASCII timeline with compute cells
+    # the single-device step: 16 bytes per parameter, FLOPs equal to the formula
+    for cat, per in (("parameters", 2), ("gradients", 2), ("optimizer_states", 12)):
+        assert re.search(rf"{cat}\s+[\d.]+ \w+\s+=\s+{per} bytes x psi", out), cat
+    clock, formula = re.search(r"FLOPs on the clock ([\d,]+) = .* = ([\d,]+);", out).groups()
+    assert clock == formula
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name") == "all_reduce" and e["ph"] == "X" for e in events)
 

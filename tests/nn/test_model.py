@@ -138,6 +138,21 @@ def test_activation_bytes_per_layer_equal_korthikanti(recompute, s, b, h, a):
         assert ctx.ledger.held("activations") == 0
 
 
+@pytest.mark.parametrize("dtype, act_bytes", [("bfloat16", 2), ("float32", 4), ("float64", 8)])
+def test_activation_bytes_without_dropout_and_in_wider_dtypes(dtype, act_bytes):
+    """No dropout: no masks, the softmax output saved once (32 sbh + 2 a s^2 b in 16-bit);
+    wider dtypes scale the 2-byte terms."""
+    s, b, h, a = 8, 2, 16, 4
+    for p in (0.0, 0.1):
+        with mp.device():
+            cfg = GPTConfig(vocab_size=11, seq_len=s, hidden=h, num_heads=a, num_layers=1,
+                            dropout=p, dtype=dtype)
+            loss, cache = GPT(cfg).forward(*batch(cfg, s, b), np.random.default_rng(0))
+            expected = activation_bytes_per_layer(s, b, h, a, "none", act_bytes, p > 0)
+            assert saved_bytes(cache[3][0]) == expected
+    assert activation_bytes_per_layer(s, b, h, a, dropout=False) == 32 * s * b * h + 2 * a * s * s * b
+
+
 def test_recomputation_lowers_the_activation_peak():
     peaks = {}
     for mode in ("none", "selective", "full"):
