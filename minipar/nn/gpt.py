@@ -9,6 +9,12 @@
 `forward` returns the loss and everything backward needs (`Saved` objects, charged to the
 ledger as activations); `backward` walks the same path in reverse and accumulates every
 parameter's gradient. Nothing is hidden: read `backward` to see each gradient path.
+
+Units. The model is cut into units, as FSDP wraps modules: one per block ("blocks.i"),
+and the "root" holding everything outside the blocks (embeddings, final LayerNorm, head —
+with tied embeddings the head's weight *is* the embedding's, so both stay in one unit).
+`model.hooks` fires forward_pre/forward_post/backward_pre/backward_post around each unit
+(see hooks.py): the root's forward_pre comes first and its backward_post last.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from .config import GPTConfig
 from .cross_entropy import cross_entropy_backward, cross_entropy_forward
 from .dropout import dropout_backward, dropout_forward
 from .embedding import Embedding
+from .hooks import Hooks
 from .layernorm import LayerNorm
 from .linear import Linear, linear_backward, linear_forward
 from .parameter import Parameter
@@ -44,6 +51,7 @@ class GPT:
         self.ln_f = LayerNorm("ln_f", cfg.hidden, cfg.layernorm_eps, dt)
         self.lm_head = None if cfg.tie_embeddings else Linear(
             "lm_head", cfg.hidden, cfg.vocab_size, bias=False, seed=seed, dtype=dt, std=std)
+        self.hooks = Hooks()
 
     # ---- parameters ------------------------------------------------------------------
     def parameters(self) -> list[Parameter]:
@@ -55,6 +63,13 @@ class GPT:
         if self.lm_head is not None:
             ps += self.lm_head.parameters()
         return ps
+
+    def units(self) -> list[tuple[str, list[Parameter]]]:
+        """[(unit name, its parameters)]: the root first, then the blocks in order."""
+        root = self.wte.parameters() + self.wpe.parameters() + self.ln_f.parameters()
+        if self.lm_head is not None:
+            root += self.lm_head.parameters()
+        return [("root", root)] + [(blk.name, blk.parameters()) for blk in self.blocks]
 
     def named_parameters(self) -> dict[str, Parameter]:
         return {p.name: p for p in self.parameters()}
@@ -72,13 +87,16 @@ class GPT:
         """loss, cache = model.forward(ids, targets, rng).  ids, targets: int [s, b]."""
         s, b = self._check(ids, targets)
         rng = rng if rng is not None else np.random.default_rng(self.cfg.seed)
+        self.hooks.fire("forward_pre", "root")
         tok, s_wte = self.wte.forward(ids)  # tok: [s, b, h]
         positions = np.broadcast_to(np.arange(s)[:, None], (s, b))
         pos, s_wpe = self.wpe.forward(positions)  # pos: [s, b, h]
         x, s_drop = dropout_forward(tok + pos, self.cfg.dropout, rng)  # x: [s, b, h]
         s_blocks = []
         for blk in self.blocks:
+            self.hooks.fire("forward_pre", blk.name)
             x, sb = blk.forward(x, rng)  # x: [s, b, h]
+            self.hooks.fire("forward_post", blk.name)
             s_blocks.append(sb)
         x, s_lnf = self.ln_f.forward(x)
         if self.lm_head is not None:
@@ -86,11 +104,13 @@ class GPT:
         else:
             logits, s_head = linear_forward(x, self.wte.weight.data, label="lm_head (tied)")
         loss, s_ce = cross_entropy_forward(logits, targets)
+        self.hooks.fire("forward_post", "root")
         return float(loss), (s_wte, s_wpe, s_drop, s_blocks, s_lnf, s_head, s_ce)
 
     def backward(self, cache, dloss: float = 1.0) -> None:
         """Accumulate d(dloss * loss)/d(parameter) into every parameter's `.grad`."""
         s_wte, s_wpe, s_drop, s_blocks, s_lnf, s_head, s_ce = cache
+        self.hooks.fire("backward_pre", "root")
         dlogits = cross_entropy_backward(dloss, s_ce)  # dlogits: [s, b, V]
         if self.lm_head is not None:
             dx = self.lm_head.backward(dlogits, s_head)
@@ -99,10 +119,13 @@ class GPT:
             self.wte.weight.accumulate(dw)
         dx = self.ln_f.backward(dx, s_lnf)  # dx: [s, b, h]
         for blk, sb in zip(reversed(self.blocks), reversed(s_blocks)):
+            self.hooks.fire("backward_pre", blk.name)
             dx = blk.backward(dx, sb)
+            self.hooks.fire("backward_post", blk.name)
         dx = dropout_backward(dx, s_drop)
         self.wpe.backward(dx, s_wpe)  # positions and tokens both receive dx
         self.wte.backward(dx, s_wte)
+        self.hooks.fire("backward_post", "root")
 
     def loss_and_grad(self, ids: np.ndarray, targets: np.ndarray,
                       rng: Optional[np.random.Generator] = None, loss_scale: float = 1.0

@@ -209,3 +209,27 @@ def test_bad_inputs_say_what_to_change():
             model.forward(np.zeros((5, 1), int), np.zeros((5, 1), int))
         with pytest.raises(ValueError, match=r"token ids must be in \[0, 10\)"):
             model.forward(np.full((2, 1), 10), np.zeros((2, 1), int))
+
+
+def test_hooks_fire_around_every_unit_in_order():
+    with mp.device():
+        cfg = GPTConfig(num_layers=2, tie_embeddings=True)
+        model = GPT(cfg)
+        seen = []
+        for event in ("forward_pre", "forward_post", "backward_pre", "backward_post"):
+            model.hooks.register(event, lambda unit, e=event: seen.append((e, unit)))
+        names = [u for u, _ in model.units()]
+        assert names == ["root", "blocks.0", "blocks.1"]
+        assert sum(len(ps) for _, ps in model.units()) == len(model.parameters())
+        ids, tgt = batch(cfg, 4, 2)
+        model.loss_and_grad(ids, tgt)
+        assert seen == [
+            ("forward_pre", "root"),
+            ("forward_pre", "blocks.0"), ("forward_post", "blocks.0"),
+            ("forward_pre", "blocks.1"), ("forward_post", "blocks.1"),
+            ("forward_post", "root"),
+            ("backward_pre", "root"),
+            ("backward_pre", "blocks.1"), ("backward_post", "blocks.1"),
+            ("backward_pre", "blocks.0"), ("backward_post", "blocks.0"),
+            ("backward_post", "root"),
+        ]

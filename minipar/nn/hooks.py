@@ -1,0 +1,40 @@
+"""Named points in a model's forward and backward where a wrapper may act.
+
+    forward_pre(unit)    before `unit` runs its forward (its parameters must be present)
+    forward_post(unit)   after it
+    backward_pre(unit)   before `unit` runs its backward
+    backward_post(unit)  after it: the unit's parameter gradients are final for this pass
+
+The model fires these and never knows who listens, as with PyTorch's module hooks
+(`register_forward_pre_hook`, `register_full_backward_hook`). Data-parallel wrappers use
+them to launch gradient all-reduces as buckets fill, and ZeRO-3/FSDP to gather a unit's
+parameters just before it needs them and free them after.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+EVENTS = ("forward_pre", "forward_post", "backward_pre", "backward_post")
+
+
+class Hooks:
+    """Callbacks per event, called in registration order with the unit's name."""
+
+    def __init__(self) -> None:
+        self._fns: dict[str, list[Callable[[str], None]]] = {e: [] for e in EVENTS}
+
+    def register(self, event: str, fn: Callable[[str], None]) -> Callable[[], None]:
+        """Call fn(unit_name) at `event`; returns a function that removes it."""
+        if event not in self._fns:
+            raise ValueError(f"unknown hook event {event!r}: expected one of {EVENTS}")
+        self._fns[event].append(fn)
+        return lambda: self._fns[event].remove(fn)
+
+    def fire(self, event: str, unit: str) -> None:
+        for fn in self._fns[event]:
+            fn(unit)
+
+    def clear(self) -> None:
+        for fns in self._fns.values():
+            fns.clear()
