@@ -2,6 +2,10 @@
 
 from .flops import model_flops, model_flops_full_recompute, selective_recompute_extra_flops
 from .memory import activation_bytes_per_layer
+from .zero import (STAGE_NAMES, dp_comm_elements, flat_padding, format_memory_report,
+                   memory_report, model_state_bytes, zero_figure1)
 
 __all__ = ["model_flops", "model_flops_full_recompute", "selective_recompute_extra_flops",
-           "activation_bytes_per_layer"]
+           "activation_bytes_per_layer", "STAGE_NAMES", "model_state_bytes",
+           "dp_comm_elements", "flat_padding", "zero_figure1", "memory_report",
+           "format_memory_report"]
