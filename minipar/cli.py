@@ -1,13 +1,19 @@
 """The `minipar` command.
 
     minipar tour [--trace PATH] [--ascii] [--width N] [--megabytes M]
+    minipar train [--steps N] [--batch B] [--micro-batches K] [--seq-len S] [--layers L]
+                  [--hidden H] [--heads A] [--lr LR] [--warmup W] [--dtype D] [--seed N]
+                  [--sample N] [--temperature T] [--quiet]
     minipar --version
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import shutil
 import sys
+import time
 from typing import Optional, Sequence
 
 from . import __version__
@@ -20,6 +26,170 @@ def _tour(args: argparse.Namespace) -> int:
         raise SystemExit("minipar tour: --megabytes must be positive")
     run_tour(nbytes=int(args.megabytes * (1 << 20)), trace_path=args.trace,
              ascii=args.ascii, width=args.width)
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    return v
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return v
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return v
+
+
+class _Progress:
+    """A one-line bar redrawn in place on a terminal; plain log lines every `every` steps
+    otherwise (CI logs stay readable). Both on `stream` (stderr)."""
+
+    def __init__(self, stream, every: int, width: int = 24):
+        self.stream, self.every, self.width = stream, every, width
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self._last_draw = 0.0
+
+    def __call__(self, info) -> None:
+        loss = f"loss {info.loss:.4f}" + (" (skipped: fp16 overflow)" if info.skipped else "")
+        text = (f"step {info.step:>{len(str(info.steps))}}/{info.steps}  {loss}  "
+                f"lr {info.lr:.2e}  {info.tokens_per_second:,.0f} tok/s")
+        if self.tty:
+            now = time.monotonic()
+            if info.step < info.steps and now - self._last_draw < 0.1:
+                return  # redraw at most ten times a second
+            self._last_draw = now
+            done = round(self.width * info.step / info.steps)
+            bar = "#" * done + "." * (self.width - done)
+            line = f"[{bar}] {text}"[:shutil.get_terminal_size().columns - 1]  # never wrap
+            self.stream.write(f"\r{line}\033[K")
+            if info.step == info.steps:
+                self.stream.write("\n")
+        elif info.step % self.every == 0 or info.step in (1, info.steps) or info.skipped:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def _check_train_flags(args: argparse.Namespace, warmup: int) -> None:
+    """Checks across flags, reported in flag names the way argparse reports its own."""
+    from .data import load_corpus
+
+    def divisors(n: int) -> str:
+        return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+    if args.hidden % args.heads:
+        args.parser.error(f"--heads {args.heads} must divide --hidden {args.hidden} (each head "
+                          f"gets hidden/heads dimensions); try --heads in "
+                          f"{{{divisors(args.hidden)}}}")
+    if args.batch % args.micro_batches:
+        args.parser.error(f"--micro-batches {args.micro_batches} must divide --batch "
+                          f"{args.batch} (equal micro-batches); try one of "
+                          f"{{{divisors(args.batch)}}}")
+    if warmup > args.steps:
+        args.parser.error(f"--warmup {warmup} is longer than the run (--steps {args.steps})")
+    corpus = load_corpus()
+    if args.seq_len >= len(corpus):
+        args.parser.error(f"--seq-len {args.seq_len} is too long for the bundled corpus of "
+                          f"{len(corpus)} characters (a window needs seq_len + 1)")
+    unknown = sorted(set(args.prompt) - set(corpus))
+    if args.sample and (not args.prompt or unknown):
+        args.parser.error(f"--prompt must be non-empty and use only the corpus's characters; "
+                          f"{args.prompt!r} has {''.join(unknown) or 'no characters'!r}")
+
+
+def _train_summary(cfg, r) -> list[str]:
+    """What `minipar train` prints at the end: loss, simulated time, FLOPs, MFU, memory."""
+    from .runtime.ledger import fmt_bytes
+
+    n = min(5, cfg.steps)
+    m = r.model.cfg
+    flops = f"{r.model_flops_per_step:,.0f} a step: 72 B s l h^2 (1 + s/6h + V/12lh)"
+    if math.isclose(r.clock_flops_per_step, r.model_flops_per_step, rel_tol=1e-9):
+        flops += ", exactly what the clock was charged"
+    else:
+        flops += f"; the clock was charged {r.clock_flops_per_step:,.0f}"
+    memory = ", ".join(f"{c} {fmt_bytes(b)}" for c, b in r.ledger_peak.items() if c != "total")
+    lines = [
+        f"minipar train: GPT, {m.num_layers} layers, hidden {m.hidden}, {m.num_heads} heads, "
+        f"{m.vocab_size}-character vocabulary: {r.num_parameters:,} parameters in {cfg.dtype} "
+        f"on one simulated {r.device_name}",
+        f"  batches         {cfg.steps} steps of {cfg.global_batch} sequences x {cfg.seq_len} "
+        f"characters ({cfg.tokens_per_step:,} tokens), {cfg.num_microbatches} micro-batch"
+        f"{'es' if cfg.num_microbatches > 1 else ''} each",
+        f"  optimizer       AdamW, lr {cfg.lr:g}, {cfg.warmup_steps} warmup steps, cosine to "
+        f"{cfg.min_lr:g}, weight decay {cfg.weight_decay:g}, clip {cfg.clip:g}",
+        f"  loss            {r.first_loss(n):.4f} (mean of the first {n} steps) -> "
+        f"{r.last_loss(n):.4f} (mean of the last {n})",
+    ]
+    if cfg.dtype == "float16":
+        lines.append(f"  skipped steps   {r.skipped_steps} of {cfg.steps} (float16 gradients "
+                     f"overflowed); loss scale now {r.final_loss_scale:g}")
+    lines += [
+        f"  simulated time  {r.sim_step_time * 1e6:.3f} us a step on the device clock",
+        f"  model FLOPs     {flops}",
+        f"  simulated MFU   {100 * r.mfu:.1f} % of {r.peak_flops / 1e12:g} TFLOP/s {cfg.dtype}: "
+        "on one device by construction (only matmuls are charged to the clock)",
+        f"  memory peak     {memory}; total {fmt_bytes(r.ledger_peak['total'])}",
+        f"  wall time       {r.wall_time:.1f} s "
+        f"({cfg.steps * cfg.tokens_per_step / r.wall_time:,.0f} tokens/s on this machine)",
+    ]
+    return lines
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .train import TrainConfig, generate, train
+
+    warmup = args.warmup if args.warmup is not None else args.steps // 10
+    _check_train_flags(args, warmup)
+    try:
+        cfg = TrainConfig(steps=args.steps, global_batch=args.batch,
+                          num_microbatches=args.micro_batches, seq_len=args.seq_len,
+                          num_layers=args.layers, hidden=args.hidden, num_heads=args.heads,
+                          lr=args.lr, warmup_steps=warmup, min_lr=args.lr / 10,
+                          dtype=args.dtype, seed=args.seed)
+    except ValueError as e:  # anything TrainConfig refuses that the checks above missed
+        args.parser.error(str(e))
+    progress = None if args.quiet else _Progress(sys.stderr, cfg.log_every)
+    try:
+        r = train(cfg, on_step=progress)
+    except KeyboardInterrupt:
+        sys.stderr.write("\nminipar train: interrupted\n")
+        return 130
+    print("\n".join(_train_summary(cfg, r)))
+    if args.sample:
+        how = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}"
+        text = generate(r.model, r.tokenizer, args.prompt, args.sample,
+                        temperature=args.temperature, seed=cfg.seed)
+        print(f"\nsample ({how}, {args.sample} characters after {args.prompt!r}):")
+        print(text)
     return 0
 
 
@@ -40,6 +210,46 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--megabytes", type=float, default=4.0,
                    help="per-rank buffer size of the costed collectives, in MiB (4)")
     t.set_defaults(func=_tour)
+
+    tr = sub.add_parser("train", help="train a small GPT on the bundled corpus on one "
+                                      "simulated GPU and report loss, time, FLOPs and memory",
+                        description="Train a character-level GPT on the bundled corpus on one "
+                                    "simulated H100: gradient accumulation over micro-batches, "
+                                    "global-norm clipping, AdamW with warmup and cosine decay, "
+                                    "mixed precision for bfloat16/float16.")
+    tr.add_argument("--steps", metavar="N", type=_positive_int, default=200,
+                    help="optimizer steps (200)")
+    tr.add_argument("--batch", metavar="B", type=_positive_int, default=32,
+                    help="global batch, in sequences (32)")
+    tr.add_argument("--micro-batches", metavar="K", type=_positive_int, default=1,
+                    help="gradient-accumulation micro-batches per step; must divide --batch (1)")
+    tr.add_argument("--seq-len", metavar="S", type=_positive_int, default=32,
+                    help="characters per sequence (32)")
+    tr.add_argument("--layers", metavar="L", type=_positive_int, default=2,
+                    help="transformer blocks (2)")
+    tr.add_argument("--hidden", metavar="H", type=_positive_int, default=64,
+                    help="hidden size (64)")
+    tr.add_argument("--heads", metavar="A", type=_positive_int, default=4,
+                    help="attention heads; must divide --hidden (4)")
+    tr.add_argument("--lr", metavar="LR", type=_positive_float, default=1e-2,
+                    help="peak learning rate; the cosine ends at a tenth of it (0.01)")
+    tr.add_argument("--warmup", metavar="W", type=_count, default=None,
+                    help="warmup steps (a tenth of --steps)")
+    tr.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"),
+                    default="float32", metavar="D",
+                    help="float32 | bfloat16 | float16 | float64: parameters and activations; "
+                         "the 16-bit ones with float32 master weights (float32)")
+    tr.add_argument("--seed", metavar="N", type=_count, default=0,
+                    help="seed of the weights and the data (0)")
+    tr.add_argument("--sample", type=_count, default=0, metavar="N",
+                    help="print N characters generated by the trained model (0)")
+    tr.add_argument("--temperature", metavar="T", type=_nonnegative_float, default=0.0,
+                    help="sampling temperature for --sample; 0 is greedy (0)")
+    tr.add_argument("--prompt", metavar="TEXT", default="The ",
+                    help="text the sample continues ('The ')")
+    tr.add_argument("--quiet", action="store_true",
+                    help="no progress display, only the summary")
+    tr.set_defaults(func=_train, parser=tr)
     return p
 
 

@@ -8,13 +8,19 @@ Megatron-LM's `Float16OptimizerWithFloat16Params`). The masters matter: a bf16 w
 1 has an ulp of 2^-7 ≈ 0.008, so an update of lr·1 = 1e-3 applied in bf16 rounds back to
 the old value and is lost; in the float32 master it accumulates until it shows.
 
-One `step()`:
+One `step()` walks the parameters one tensor at a time, so only one float32 gradient
+copy exists at any moment:
 
-    1. for each 16-bit p with a gradient:  master.grad = float32(p.grad)   (transient)
-    2. with a loss scaler:  g ← g / S; if any g is inf/nan → skip, back off S, return False
-    3. optional:           clip_grad_norm_(masters, max_grad_norm) on the unscaled grads
-    4. inner.step()        on the masters (and on float32 parameters directly)
-    5. p.set_data(round₁₆(master))                                        → return True
+    pass 1 (only with a loss scaler or clipping), for each p:
+        g = float32(p.grad) / S        (transient)   any inf/nan → skip, back off S, False
+        ‖g‖² += Σ g²                                  (the global norm, for clipping)
+    pass 2, for each p:
+        g = float32(p.grad) / S · clip_coef          (transient, on the master)
+        inner update of the master with g;  p ← round₁₆(master);  free g       → True
+
+The float32 copy is made twice when pass 1 runs: a cheap conversion buys a memory bound.
+Results are bit for bit those of converting every gradient first (same divisions, same
+order of the norm's sum, same inner update per parameter).
 
 Memory, for Ψ parameter elements with Adam (ZeRO, Rajbhandari et al. 2020, section 3.1):
 
@@ -26,11 +32,15 @@ Memory, for Ψ parameter elements with Adam (ZeRO, Rajbhandari et al. 2020, sect
     total            16Ψ
 
 The masters are made (and charged) eagerly, at construction; m and v lazily at the first
-step, as in `Optimizer`. During `step()` the float32 gradient copies are also held, as
-"gradients" named `optim:{name}.grad32` (4Ψ more at the peak, given back before `step`
-returns), so `ledger.peak("gradients")` is 6Ψ. Megatron keeps such a float32 gradient
-buffer permanently (`main_grad`); a leaner implementation would convert one tensor at a
-time. Parameters that are already float32 (or float64) get no master: the inner optimizer
+step, as in `Optimizer`. During `step()` the float32 gradient copy of the tensor being
+worked on is held too, as "gradients" named `optim:{name}.grad32`, and given back before
+the next tensor's is made. So
+
+    ledger.peak("gradients") = 2Ψ + 4·n_max      n_max = elements of the largest 16-bit p
+
+instead of the 2Ψ + 4Ψ = 6Ψ of converting all gradients at once. (Megatron-LM keeps a
+float32 gradient buffer permanently, `main_grad`, that backward accumulates into.)
+Parameters that are already float32 (or float64) get no master: the inner optimizer
 updates them directly, after their gradients are unscaled in place.
 
 With `dtype="float16"` a `DynamicLossScaler` is made unless one is given
@@ -40,6 +50,7 @@ backward. With bfloat16 (float32's exponent range) there is no loss scaling by d
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Optional, Union
 
 import ml_dtypes
@@ -47,7 +58,7 @@ import numpy as np
 
 from ..nn.parameter import Parameter
 from ..runtime.context import current
-from .clip import clip_grad_norm_
+from .clip import clip_coef, squared_grad_norm
 from .loss_scale import DynamicLossScaler
 from .optimizer import Optimizer
 
@@ -126,41 +137,78 @@ class MixedPrecisionOptimizer:
             p.free_grad()
 
     def step(self) -> bool:
-        """Upcast, unscale and check, clip, step the masters, round back. True if taken."""
-        # 1. float32 copies of the 16-bit gradients, on the masters (held while we work)
-        for p in self.params:
-            master = self.masters.get(p.name)
-            if master is not None and p.grad is not None:
-                master.grad = p.grad.astype(np.float32)
-                self._ledger.hold(f"optim:{p.name}.grad32", master.grad, "gradients")
+        """Unscale and check, clip, step and round back, one tensor at a time. True if taken.
+
+        The inner optimizer must update each parameter on its own (`Optimizer._update`), as
+        every optimizer in this package does: `step` runs that update parameter by parameter.
+        """
+        scale = self.loss_scale  # S of this step: update() below may change it
+        work = [p for p in self.params if p.grad is not None]
         try:
-            # 2. loss scaling: divide by S in float32; any inf/nan skips the whole step
-            if self.loss_scaler is not None:
-                found = self.loss_scaler.unscale_and_check(self._stepped)
-                self.loss_scaler.update(found)
-                if found:
-                    self.steps_skipped += 1
-                    return False
-            # 3. clipping by the global norm of the true (unscaled) gradients
-            if self.max_grad_norm is not None:
-                self.last_grad_norm = clip_grad_norm_(self._stepped, self.max_grad_norm)
-            # 4. the inner optimizer on float32 masters
-            self.inner.step()
-            # 5. write the rounded masters back into the model
-            for p in self.params:
-                master = self.masters.get(p.name)
-                if master is not None and master.grad is not None:
-                    p.set_data(master.data.astype(self.dtype))
+            coef = 1.0
+            if self.loss_scaler is not None or self.max_grad_norm is not None:
+                # pass 1: overflow check and squared global norm, one float32 copy at a time
+                found, sq_norm = False, 0.0
+                for p in work:
+                    if p.name in self.masters:
+                        master = self._grad32(p, scale)
+                        found = found or not np.isfinite(master.grad).all()
+                        sq_norm += squared_grad_norm([master])
+                        self._free_grad32(p.name)
+                    else:  # float32/float64 parameter: unscale its own gradient in place
+                        if self.loss_scaler is not None:
+                            found = self.loss_scaler.unscale_and_check([p]) or found
+                        sq_norm += squared_grad_norm([p])
+                if self.loss_scaler is not None:
+                    self.loss_scaler.update(found)
+                    if found:  # nothing is touched: not the masters, not the moments
+                        self.steps_skipped += 1
+                        return False
+                if self.max_grad_norm is not None:  # the norm of the true (unscaled) grads
+                    self.last_grad_norm = math.sqrt(sq_norm)
+                    if math.isfinite(self.last_grad_norm):  # else leave them, as clip_grad_norm_
+                        coef = clip_coef(self.last_grad_norm, self.max_grad_norm)
+            # pass 2: float32 copy, unscale, clip, update the master, round back, free the copy
+            for p in work:
+                is_half = p.name in self.masters
+                stepped = self._grad32(p, scale) if is_half else p
+                if coef < 1.0:
+                    stepped.grad[...] = stepped.grad * stepped.grad.dtype.type(coef)
+                self._update_one(stepped)
+                if is_half:
+                    p.set_data(stepped.data.astype(self.dtype))  # p₁₆ ← round₁₆(master)
+                    self._free_grad32(p.name)
             self.steps_taken += 1
             return True
         finally:
-            self._free_master_grads()
+            self._free_master_grads()  # a copy is left only if something raised
+
+    def _grad32(self, p: Parameter, scale: float) -> Parameter:
+        """Put float32(p.grad) / S on p's master as its gradient, charged to the ledger as
+        `optim:{name}.grad32`; return the master."""
+        master = self.masters[p.name]
+        g = p.grad.astype(np.float32)
+        if scale != 1.0:  # the division of DynamicLossScaler.unscale_and_check
+            np.divide(g, g.dtype.type(scale), out=g)
+        master.grad = g
+        self._ledger.hold(f"optim:{p.name}.grad32", g, "gradients")
+        return master
+
+    def _free_grad32(self, name: str) -> None:
+        self._ledger.release(f"optim:{name}.grad32")
+        self.masters[name].grad = None
+
+    def _update_one(self, p: Parameter) -> None:
+        """The inner optimizer's update of one parameter: `Optimizer.step`'s loop body."""
+        state = self.inner.state.get(p.name, {})
+        self.inner._update(p, state)
+        if state:  # plain SGD keeps nothing
+            self.inner.state[p.name] = state
 
     def _free_master_grads(self) -> None:
         for name, master in self.masters.items():
             if master.grad is not None:
-                self._ledger.release(f"optim:{name}.grad32")
-                master.grad = None
+                self._free_grad32(name)
 
     # ---- memory and checkpoints -------------------------------------------------------
     def release(self) -> None:
