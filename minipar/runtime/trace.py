@@ -60,6 +60,7 @@ class Trace:
         """Total simulated time the stream was busy (summed; receives may overlap)."""
         return sum(e.duration for e in self.events if e.stream == stream)
 
-    def bytes_sent(self) -> int:
-        """Bytes this rank put on the wire, summed over its communication events."""
-        return sum(int(e.meta.get("sent_bytes", 0)) for e in self.events)
+    def bytes_sent(self) -> float:
+        """Bytes this rank put on the wire, summed over its communication events (a float:
+        a ring moves (n-1)/n of a buffer, which need not be a whole number of bytes)."""
+        return sum(float(e.meta.get("sent_bytes", 0)) for e in self.events)

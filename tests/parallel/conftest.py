@@ -1,0 +1,164 @@
+"""Helpers for the data-parallel tests, handed out by the `dpkit` fixture.
+
+    cfg = kit.tiny_config(num_layers=2)                       # h = 8, V = 16, s = 8
+    batches = kit.global_batches(cfg, steps=3, global_batch=8, seed=0)
+    ref = kit.reference_run(cfg, batches, max_grad_norm=0.05)  # one device, whole batch
+    run = kit.parallel_run(lambda m: zero_engine(m, stage=2, **kit.OPT), cfg, batches, 4)
+    kit.assert_state_close(run.state, ref.state)
+
+`reference_run` trains one GPT on the whole global batch (AdamW + clip_grad_norm_ in
+float64; MixedPrecisionOptimizer(AdamW) in bfloat16) and returns its losses, gradients
+(before clipping), gradient norms and final state in `full_state_dict`'s format.
+`parallel_run` runs the same steps SPMD: rank r takes block r of each global batch
+(split_data_parallel), cuts it into micro-batches and calls the engine's step.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import minipar as mp
+from minipar.data.batches import split_data_parallel, split_microbatches
+from minipar.nn import GPT, GPTConfig
+from minipar.optim import AdamW, MixedPrecisionOptimizer, clip_grad_norm_
+from minipar.parallel import accumulate_gradients
+
+OPT = dict(lr=1e-2, weight_decay=0.1)  # AdamW hyperparameters every test uses
+
+# float64: differences come only from the order of reductions. Tolerance per array:
+#   |a - b| <= RTOL * |b| + ATOL_SCALE * max|b|
+# Losses and first-step gradients agree to ~1e-15 (RTOL 1e-12, GRAD_ATOL_SCALE 1e-14).
+# After Adam steps, ATOL_SCALE 1e-11: Adam's update lr * g / (|g| + eps) has slope lr / eps
+# = 1e6 for a gradient element near eps = 1e-8, so a 1e-18 reduction-order difference in
+# such an element moves the weight by 1e-12 (measured worst case over a sweep of stages,
+# dp sizes and seeds: 6.8e-13 of the array's largest value).
+RTOL = 1e-12
+ATOL_SCALE = 1e-11
+GRAD_ATOL_SCALE = 1e-14
+
+
+def tiny_config(**kw) -> GPTConfig:
+    base = dict(vocab_size=16, seq_len=8, hidden=8, num_heads=2, num_layers=2)
+    base.update(kw)
+    return GPTConfig(**base)
+
+
+def global_batches(cfg: GPTConfig, steps: int, global_batch: int, seed: int,
+                   seq: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`steps` global batches of (ids, targets), each [s, global_batch]."""
+    rng = np.random.default_rng(seed)
+    s = seq or cfg.seq_len
+    return [(rng.integers(0, cfg.vocab_size, (s, global_batch)),
+             rng.integers(0, cfg.vocab_size, (s, global_batch))) for _ in range(steps)]
+
+
+@dataclass
+class Reference:
+    losses: list
+    grads: list  # per step: {name: gradient before clipping}
+    norms: list  # per step: global gradient norm (None without clipping)
+    state: dict  # full_state_dict format
+
+
+def reference_run(cfg: GPTConfig, batches, max_grad_norm=None, **opt) -> Reference:
+    opt = {**OPT, **opt}
+    with mp.device():
+        model = GPT(cfg)
+        params = model.parameters()
+        half = cfg.dtype != "float64"
+        if half:
+            optim = MixedPrecisionOptimizer(AdamW, params, dtype=cfg.dtype,
+                                            max_grad_norm=max_grad_norm, **opt)
+        else:
+            optim = AdamW(params, **opt)
+        losses, grads, norms = [], [], []
+        for ids, tgt in batches:
+            losses.append(model.loss_and_grad(ids, tgt))
+            grads.append({p.name: p.grad.copy() for p in params})
+            if half:
+                optim.step()
+                norms.append(optim.last_grad_norm)
+            else:
+                norms.append(clip_grad_norm_(params, max_grad_norm)
+                             if max_grad_norm is not None else None)
+                optim.step()
+            optim.zero_grad()
+        inner = optim.inner if half else optim
+        state = {}
+        for p in params:
+            state[f"param/{p.name}"] = p.data.astype(np.float32) if half else p.data.copy()
+            state[f"optim/{p.name}.m"] = inner.state[p.name]["m"].copy()
+            state[f"optim/{p.name}.v"] = inner.state[p.name]["v"].copy()
+            if half:
+                state[f"optim/{p.name}.master"] = optim.masters[p.name].data.copy()
+        state["meta/step"] = np.array(len(batches), dtype=np.int64)
+    return Reference(losses, grads, norms, state)
+
+
+@dataclass
+class ParallelRun:
+    losses: np.ndarray  # per step: mean over ranks of each rank's mean micro-batch loss
+    grads: list  # per step: rank 0's full_grads() before the step
+    norms: list  # per step: rank 0's last_grad_norm
+    state: dict  # rank 0's full_state_dict() after the last step
+    states: list  # every rank's
+    result: mp.LaunchResult
+
+
+def parallel_run(make_engine, cfg: GPTConfig, batches, world_size: int, *,
+                 micro_batches: int = 1, no_sync: bool = True, topology=None,
+                 collect_grads: bool = True) -> ParallelRun:
+    def program(ctx):
+        model = GPT(cfg)
+        engine = make_engine(model)
+        losses, grads, norms = [], [], []
+        for ids, tgt in batches:
+            x, y = split_data_parallel(ids, tgt, ctx.rank, world_size)
+            micro = split_microbatches(x, y, micro_batches)
+            losses.append(accumulate_gradients(model, engine, micro, no_sync))
+            if collect_grads:
+                grads.append(engine.full_grads())
+            engine.step()
+            norms.append(engine.last_grad_norm)
+            engine.zero_grad()
+        return losses, grads, norms, engine.full_state_dict()
+
+    res = mp.launch(program, world_size, topology=topology)
+    return ParallelRun(np.mean([r[0] for r in res], axis=0), res[0][1], res[0][2], res[0][3],
+                       [r[3] for r in res], res)
+
+
+def assert_close(actual, expected, rtol=RTOL, atol_scale=ATOL_SCALE, what=""):
+    expected = np.asarray(expected, dtype=np.float64)
+    actual = np.asarray(actual, dtype=np.float64)
+    scale = float(np.abs(expected).max()) if expected.size else 0.0
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol_scale * scale,
+                               err_msg=what)
+
+
+def assert_state_close(actual: dict, expected: dict, **tol) -> None:
+    assert sorted(actual) == sorted(expected)
+    for key in expected:
+        assert_close(actual[key], expected[key], what=key, **tol)
+
+
+def assert_state_equal(actual: dict, expected: dict) -> None:
+    """Bit for bit: same keys, dtypes, shapes and values."""
+    assert sorted(actual) == sorted(expected)
+    for key in expected:
+        assert actual[key].dtype == expected[key].dtype, key
+        np.testing.assert_array_equal(actual[key], expected[key], err_msg=key)
+
+
+@pytest.fixture(scope="session")
+def dpkit():
+    return types.SimpleNamespace(
+        OPT=OPT, RTOL=RTOL, ATOL_SCALE=ATOL_SCALE, GRAD_ATOL_SCALE=GRAD_ATOL_SCALE,
+        tiny_config=tiny_config,
+        global_batches=global_batches, reference_run=reference_run,
+        parallel_run=parallel_run, assert_close=assert_close,
+        assert_state_close=assert_state_close, assert_state_equal=assert_state_equal)
