@@ -1,6 +1,7 @@
 """The `minipar` command.
 
     minipar tour [--trace PATH] [--ascii] [--width N] [--megabytes M]
+    minipar incident NAME          (c: ZeRO-3 + activation checkpointing, ...)
     minipar train [--steps N] [--batch B] [--micro-batches K] [--seq-len S] [--layers L]
                   [--hidden H] [--heads A] [--lr LR] [--warmup W] [--dtype D] [--seed N]
                   [--sample N] [--temperature T] [--quiet]
@@ -26,6 +27,13 @@ def _tour(args: argparse.Namespace) -> int:
         raise SystemExit("minipar tour: --megabytes must be positive")
     run_tour(nbytes=int(args.megabytes * (1 << 20)), trace_path=args.trace,
              ascii=args.ascii, width=args.width)
+    return 0
+
+
+def _incident(args: argparse.Namespace) -> int:
+    from .incidents import get
+
+    get(args.name).run(out=print)
     return 0
 
 
@@ -210,6 +218,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--megabytes", type=float, default=4.0,
                    help="per-rank buffer size of the costed collectives, in MiB (4)")
     t.set_defaults(func=_tour)
+
+    from .incidents import INCIDENTS
+
+    inc = sub.add_parser("incident", help="run one of the seeds' incident cases on simulated "
+                                          "GPUs and show what went wrong and what fixes it",
+                         description="Reproduce an incident case: measure the failure and "
+                                     "its fixes side by side. " + "; ".join(
+                                         f"{k}: {why}" for k, (_, why) in INCIDENTS.items()))
+    inc.add_argument("name", choices=sorted(INCIDENTS), metavar="NAME",
+                     help="which incident: " + ", ".join(sorted(INCIDENTS)))
+    inc.set_defaults(func=_incident)
 
     tr = sub.add_parser("train", help="train a small GPT on the bundled corpus on one "
                                       "simulated GPU and report loss, time, FLOPs and memory",

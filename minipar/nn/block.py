@@ -12,11 +12,14 @@ Recomputation (Chen et al. 2016; Korthikanti et al. 2022):
                34 sbh per block, for one more Q K^T matmul
   "full"       the block keeps only its input x (2 sbh) and the dropout generator's state;
                backward runs the block's forward again first (one more forward's FLOPs)
+Each block has its own mode: GPTConfig.recompute_every = k recomputes only every k-th
+block and lets the others keep everything (GPTConfig.block_recompute).
 """
 
 from __future__ import annotations
 
 import copy
+from typing import Optional
 
 import numpy as np
 
@@ -30,10 +33,13 @@ from .saved import Saved
 class Block:
     """One transformer layer: x [s, b, h] -> y [s, b, h]."""
 
-    def __init__(self, name: str, cfg, mlp=None):
+    def __init__(self, name: str, cfg, mlp=None, recompute: Optional[str] = None):
+        """recompute: this block's mode (default cfg.recompute; GPT passes
+        cfg.block_recompute(i))."""
         dt, std = cfg.np_dtype, cfg.init_std
         out_std = std / np.sqrt(2 * cfg.num_layers)  # GPT-2's scaled residual projections
-        self.name, self.dropout, self.recompute = name, cfg.dropout, cfg.recompute
+        self.name, self.dropout = name, cfg.dropout
+        self.recompute = cfg.recompute if recompute is None else recompute
         self.ln1 = LayerNorm(f"{name}.ln1", cfg.hidden, cfg.layernorm_eps, dt)
         self.attn = CausalSelfAttention(f"{name}.attn", cfg.hidden, cfg.num_heads, cfg.dropout,
                                         cfg.seed, dt, std, out_std)

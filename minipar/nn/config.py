@@ -48,6 +48,7 @@ class GPTConfig:
     init_std: float = 0.02
     seed: int = 0
     recompute: str = "none"  # "none" | "selective" (attention core) | "full" (whole block)
+    recompute_every: int = 1  # only every k-th block recomputes (block i: (i + 1) % k == 0)
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "hidden", "num_heads", "num_layers"):
@@ -68,6 +69,9 @@ class GPTConfig:
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"GPTConfig.recompute must be one of {RECOMPUTE}, "
                              f"got {self.recompute!r}")
+        if not isinstance(self.recompute_every, (int, np.integer)) or self.recompute_every < 1:
+            raise ValueError(f"GPTConfig.recompute_every must be a positive integer (1: every "
+                             f"block recomputes, k: every k-th), got {self.recompute_every!r}")
         as_dtype(self.dtype)
         if self.init_std <= 0:
             raise ValueError(f"GPTConfig.init_std must be positive, got {self.init_std}")
@@ -83,6 +87,18 @@ class GPTConfig:
     @property
     def np_dtype(self) -> np.dtype:
         return as_dtype(self.dtype)
+
+    def block_recompute(self, i: int) -> str:
+        """The recompute mode of block i: `recompute` for every k-th block (k =
+        recompute_every, counted from 1: blocks k-1, 2k-1, ...), "none" for the others.
+
+        Layer-selective activation checkpointing: torchtitan's `selective_ac_option="k"`
+        checkpoints every k-th transformer block the same way (Megatron-LM's
+        `recompute_method="block"` instead recomputes the first N blocks of a stage). The
+        blocks that do not recompute keep all their activations and skip the extra forward:
+        less recomputation for more activation memory. Gradients are identical either way.
+        """
+        return self.recompute if (i + 1) % self.recompute_every == 0 else "none"
 
     def with_(self, **changes) -> "GPTConfig":
         """A copy with some fields changed (validated again)."""

@@ -46,7 +46,8 @@ class GPT:
         dt, std, seed = cfg.np_dtype, cfg.init_std, cfg.seed
         self.wte = Embedding("wte", cfg.vocab_size, cfg.hidden, seed, dt, std)
         self.wpe = Embedding("wpe", cfg.seq_len, cfg.hidden, seed, dt, std)
-        self.blocks = [Block(f"blocks.{i}", cfg, mlp_factory(i) if mlp_factory else None)
+        self.blocks = [Block(f"blocks.{i}", cfg, mlp_factory(i) if mlp_factory else None,
+                             recompute=cfg.block_recompute(i))
                        for i in range(cfg.num_layers)]
         self.ln_f = LayerNorm("ln_f", cfg.hidden, cfg.layernorm_eps, dt)
         self.lm_head = None if cfg.tie_embeddings else Linear(

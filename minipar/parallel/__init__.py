@@ -10,6 +10,7 @@ Data parallelism (this package so far):
     zero.py               ZeRO-1 and ZeRO-2; `zero_engine(model, stage=0..3)`
     zero3.py              ZeRO-3: parameters gathered around each use, prefetch, limits
     fsdp.py               FullyShardedDataParallel and ShardingStrategy over the above
+    checkpoint.py         sharded and consolidated checkpoints of any engine; load reshards
 
 `nn` knows nothing of any of this: the engines act through `model.hooks` and the
 `Parameter` API only.

@@ -79,7 +79,8 @@ class FullyShardedDataParallel:
 
     process_group:  the data-parallel group (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD)
     device_mesh:    HYBRID_SHARD's 2-D ("replicate", "shard") mesh (default: from the topology)
-    reshard_after_forward, forward_prefetch, backward_prefetch, limit_all_gathers:
+    reshard_after_forward, forward_prefetch, backward_prefetch, prefetch_depth,
+    limit_all_gathers:
                     FULL_SHARD / HYBRID_SHARD knobs (see zero3.py)
     bucket_cap_mb:  NO_SHARD's gradient bucket size
     `self.engine` is the engine doing the work.
@@ -91,7 +92,8 @@ class FullyShardedDataParallel:
                  device_mesh: Optional[DeviceMesh] = None,
                  max_grad_norm: Optional[float] = None, reshard_after_forward: bool = True,
                  forward_prefetch: bool = False, backward_prefetch: bool = True,
-                 limit_all_gathers: Union[bool, int] = True, bucket_cap_mb: float = 25.0,
+                 prefetch_depth: int = 1, limit_all_gathers: Union[bool, int] = True,
+                 bucket_cap_mb: float = 25.0,
                  **optimizer_kwargs):
         if not isinstance(sharding_strategy, ShardingStrategy):
             raise TypeError(f"sharding_strategy must be a ShardingStrategy "
@@ -105,7 +107,7 @@ class FullyShardedDataParallel:
         common = dict(max_grad_norm=max_grad_norm, **optimizer_kwargs)
         stage3 = dict(reshard_after_forward=reshard_after_forward,
                       forward_prefetch=forward_prefetch, backward_prefetch=backward_prefetch,
-                      limit_all_gathers=limit_all_gathers)
+                      prefetch_depth=prefetch_depth, limit_all_gathers=limit_all_gathers)
         s = ShardingStrategy
         if sharding_strategy is s.FULL_SHARD:
             self.engine: DataParallelEngine = Zero3Engine(

@@ -253,12 +253,15 @@ class ZeroEngine(DataParallelEngine):
 
     # ---- after the step: everyone whole again -----------------------------------------
     def _after_step(self) -> None:
+        """w = all_gather(w_shard), one unit at a time. DeepSpeed gathers straight into the
+        flat weights (all_gather_into_tensor), with no second copy; the functional
+        all_gather here returns a new [padded] buffer, so gathering unit by unit keeps that
+        transient to one unit's size instead of a second copy of the whole model. The
+        gathers queue on the group's one comm stream either way: no time is lost."""
         if self.n == 1:
             return
-        works = [(u, all_gather(u.param[u.lo:u.hi], group=self.group, async_op=True))
-                 for u in self.state.values()]
-        for u, w in works:
-            np.copyto(u.param, w.wait())  # [padded]
+        for u in self.state.values():
+            np.copyto(u.param, all_gather(u.param[u.lo:u.hi], group=self.group))  # [padded]
 
     # ---- gathering for inspection and checkpoints ------------------------------------
     def _gather_flat(self, shard: np.ndarray) -> np.ndarray:
@@ -306,7 +309,7 @@ def zero_engine(model, optimizer_cls: type = AdamW, *, stage: int, **kwargs) -> 
 
     kwargs go to the engine (process_group, max_grad_norm, the optimizer's hyperparameters;
     bucket_cap_mb for stage 0; reshard_after_forward, forward_prefetch, backward_prefetch,
-    limit_all_gathers for stage 3).
+    prefetch_depth, limit_all_gathers for stage 3).
     """
     from .ddp import DistributedDataParallel
     from .zero3 import Zero3Engine

@@ -28,10 +28,17 @@ Overlap. `forward_prefetch` issues the next unit's all-gather (async, on the gro
 communication stream) when a unit's forward starts; `backward_prefetch` does the same at
 each backward_pre for the unit whose backward comes next. The all-gather then runs while
 this unit computes, and the next unit's gather is already done (or nearly) when it is
-needed. `limit_all_gathers` bounds how many non-root units may be whole or in flight at
-once (True = 2: the one computing and the one prefetched; an int sets the bound; False: no
-bound): a prefetch that would pass the bound is not issued, and the unit is gathered when
-it is needed. The bound caps the peak of gathered parameters (the seeds' incident C).
+needed. `prefetch_depth` (default 1) is how many units ahead each prefetch reaches: FSDP2's
+`set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch` with several
+modules, DeepSpeed's `stage3_prefetch_bucket_size`, and what FSDP without its rate limiter
+does implicitly, since its CPU thread issues each unit's all-gather as soon as it reaches
+the unit, often many units before the GPU computes it. `limit_all_gathers` bounds how many
+non-root units may be whole or in flight at once (True = 2: the one computing and the one
+prefetched; an int sets the bound; False: no bound; FSDP's "rate limiter", DeepSpeed's
+`stage3_max_live_parameters`): a prefetch that would pass the bound is not issued, and the
+unit is gathered when it is needed. The bound caps the peak of gathered parameters; without
+it, a deep prefetch holds up to the whole model whole on top of the shards (the seeds'
+incident C, `minipar.incidents.zero3_recompute`).
 
 Memory is measured after the optimizer step, when every unit is resharded: the formula
 above, exactly. During forward and backward, the live gathered buffers come on top (ledger
@@ -65,7 +72,7 @@ def _limit(limit_all_gathers: Union[bool, int, None]) -> Optional[int]:
 
 class Zero3Engine(ZeroEngine):
     """`Zero3Engine(model, AdamW, lr=..., reshard_after_forward=True, forward_prefetch=False,
-    backward_prefetch=True, limit_all_gathers=True, max_grad_norm=None)`.
+    backward_prefetch=True, prefetch_depth=1, limit_all_gathers=True, max_grad_norm=None)`.
 
     process_group and replicate_group as in ZeroEngine (HYBRID_SHARD: shard inside a node,
     replicate across nodes).
@@ -78,10 +85,16 @@ class Zero3Engine(ZeroEngine):
                  replicate_group: Optional[ProcessGroup] = None,
                  max_grad_norm: Optional[float] = None, reshard_after_forward: bool = True,
                  forward_prefetch: bool = False, backward_prefetch: bool = True,
-                 limit_all_gathers: Union[bool, int] = True, **optimizer_kwargs):
+                 prefetch_depth: int = 1, limit_all_gathers: Union[bool, int] = True,
+                 **optimizer_kwargs):
         self.reshard_after_forward = bool(reshard_after_forward)
         self.forward_prefetch = bool(forward_prefetch)
         self.backward_prefetch = bool(backward_prefetch)
+        if isinstance(prefetch_depth, bool) or not isinstance(prefetch_depth, int) \
+                or prefetch_depth < 1:
+            raise ValueError(f"prefetch_depth is how many units ahead a prefetch reaches: an "
+                             f"int >= 1 (1: the next unit only), got {prefetch_depth!r}")
+        self.prefetch_depth = prefetch_depth
         self.limit_all_gathers = _limit(limit_all_gathers)
         self._gathered: dict[str, np.ndarray] = {}  # unit -> whole weights [padded]
         self._inflight: dict[str, Work] = {}  # unit -> prefetching all-gather
@@ -119,10 +132,10 @@ class Zero3Engine(ZeroEngine):
         self._gathered[u.name] = full
         u.flat.use_data(full)
 
-    def _prefetch(self, name: Optional[str]) -> None:
+    def _prefetch(self, name: str) -> None:
         """Start the all-gather of unit `name` on the communication stream, unless it is
         whole or on its way, or limit_all_gathers would be passed."""
-        if name is None or name in self._gathered or name in self._inflight or self.n == 1:
+        if name in self._gathered or name in self._inflight or self.n == 1:
             return
         if self.limit_all_gathers is not None and self._live() >= self.limit_all_gathers:
             return
@@ -139,16 +152,17 @@ class Zero3Engine(ZeroEngine):
             self._ledger.release(f"zero:{u.name}.gathered")
             del self._gathered[u.name]
 
-    @staticmethod
-    def _after(order: list[str], name: str) -> Optional[str]:
+    def _ahead(self, order: list[str], name: str) -> list[str]:
+        """The prefetch_depth units that come after `name` in `order`, nearest first."""
         i = order.index(name)
-        return order[i + 1] if i + 1 < len(order) else None
+        return order[i + 1:i + 1 + self.prefetch_depth]
 
     # ---- hooks ---------------------------------------------------------------------------
     def _forward_pre(self, unit: str) -> None:
         self._gather(self.state[unit])
         if self.forward_prefetch:
-            self._prefetch(self._after(self._forward_order, unit))
+            for name in self._ahead(self._forward_order, unit):
+                self._prefetch(name)
 
     def _forward_post(self, unit: str) -> None:
         if unit != ROOT and self.reshard_after_forward:
@@ -159,7 +173,8 @@ class Zero3Engine(ZeroEngine):
         self._gather(u)
         self._open_gradient(u)
         if self.backward_prefetch:
-            self._prefetch(self._after(self._backward_order, unit))
+            for name in self._ahead(self._backward_order, unit):
+                self._prefetch(name)
 
     def _backward_post(self, unit: str) -> None:
         super()._backward_post(unit)  # reduce-scatter (and, at the root, finish them all)

@@ -176,3 +176,36 @@ def test_an_evaluation_forward_between_steps_leaves_nothing_stale(dpkit):
 
     (losses, sd), _ = mp.launch(program, 2)
     dpkit.assert_state_close(sd, ref.state)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("depth, limit, most", [(1, False, 2), (2, False, 3), (4, False, 4),
+                                                (4, True, 2), (3, 3, 3)])
+def test_prefetch_depth_runs_ahead_until_limit_all_gathers_stops_it(dpkit, depth, limit, most):
+    """prefetch_depth d: each prefetch reaches the d units that come next, so up to d + 1
+    blocks are whole or in flight (4 blocks here); limit_all_gathers caps that count.
+    Only memory and timing move: the arithmetic is the same bit for bit."""
+    cfg = dpkit.tiny_config(num_layers=4)
+    (ids, tgt), = dpkit.global_batches(cfg, 1, 2, seed=0)
+
+    def program(ctx, **kw):
+        model = GPT(cfg)
+        engine = Zero3Engine(model, forward_prefetch=True, **dpkit.OPT, **kw)
+        live = []
+        for event in ("forward_pre", "backward_pre"):
+            model.hooks.register(event, lambda unit: live.append(engine._live()))
+        model.loss_and_grad(*split_data_parallel(ids, tgt, ctx.rank, 2))
+        engine.step()
+        return max(live), engine.full_state_dict()
+
+    got, sd = mp.launch(lambda c: program(c, prefetch_depth=depth, limit_all_gathers=limit),
+                        2)[0]
+    assert got == most
+    dpkit.assert_state_equal(sd, mp.launch(lambda c: program(c), 2)[0][1])
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_prefetch_depth_is_validated(dpkit, bad):
+    with mp.device():
+        with pytest.raises(ValueError, match="prefetch_depth is how many units ahead"):
+            Zero3Engine(GPT(dpkit.tiny_config()), prefetch_depth=bad, **dpkit.OPT)

@@ -1,0 +1,30 @@
+"""The seeds' incident cases, runnable: each reproduces a failure's mechanism on simulated
+devices, prints what it measured and returns the numbers.
+
+    name  module              what goes wrong
+    c     zero3_recompute     ZeRO-3 + activation checkpointing peaks above ZeRO-2
+
+Every module has `run(out=print) -> dict`; `minipar incident <name>` runs one. To add an
+incident, write its module and list it in INCIDENTS.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# name -> (module in this package, one line on what goes wrong)
+INCIDENTS: dict[str, tuple[str, str]] = {
+    "c": ("zero3_recompute", "ZeRO-3 + activation checkpointing peaks above ZeRO-2 "
+                             "(limit_all_gathers and coarser checkpointing)"),
+}
+
+
+def get(name: str) -> ModuleType:
+    """The module of incident `name` ("c", ...)."""
+    if name not in INCIDENTS:
+        raise KeyError(f"no incident {name!r}; the incidents are {sorted(INCIDENTS)}")
+    return importlib.import_module(f"{__name__}.{INCIDENTS[name][0]}")
+
+
+__all__ = ["INCIDENTS", "get"]
