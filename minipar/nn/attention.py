@@ -56,12 +56,17 @@ def causal_mask(s: int) -> np.ndarray:
     return np.tril(np.ones((s, s), dtype=bool))
 
 
+def _future(s: int) -> np.ndarray:
+    """~causal_mask(s): True where key j lies after query i (j > i), the entries masked."""
+    return np.triu(np.ones((s, s), dtype=bool), k=1)
+
+
 def _probs(q: np.ndarray, k: np.ndarray, p: float, rng: np.random.Generator):
     """softmax(q k^T / sqrt(d) + mask) and its dropout: (probs, s_soft, dropped, s_drop)."""
     d = q.shape[-1]
     scores = matmul(q, k.swapaxes(-1, -2), label="attn q@k^T")  # scores: [b, a, s, s]
-    scores = scores * np.asarray(1.0 / np.sqrt(d), dtype=scores.dtype)
-    scores = np.where(causal_mask(q.shape[2]), scores, np.asarray(-np.inf, scores.dtype))
+    scores *= np.asarray(1.0 / np.sqrt(d), dtype=scores.dtype)  # in place: scores is new
+    np.copyto(scores, np.asarray(-np.inf, scores.dtype), where=_future(q.shape[2]))
     probs, s_soft = softmax_forward(scores, axis=-1)  # probs: [b, a, s, s]
     dropped, s_drop = dropout_forward(probs, p, rng)  # dropped: [b, a, s, s]
     return probs, s_soft, dropped, s_drop
@@ -98,12 +103,14 @@ def core_attention_backward(dcontext: np.ndarray, saved: Saved) -> np.ndarray:
     dv = matmul(dropped.swapaxes(-1, -2), dctx, label="attn d(p@v)/dv")  # [b, a, s, d]
     dprobs = dropout_backward(ddropped, s_drop)
     dscores = softmax_backward(dprobs, s_soft)  # masked entries have probs 0: dscores 0
-    dscores = dscores * np.asarray(1.0 / np.sqrt(d), dtype=dscores.dtype)
+    dscores *= np.asarray(1.0 / np.sqrt(d), dtype=dscores.dtype)  # in place: a new array
     dq = matmul(dscores, k, label="attn d(q@k^T)/dq")  # dq: [b, a, s, d]
     dk = matmul(dscores.swapaxes(-1, -2), q, label="attn d(q@k^T)/dk")  # dk: [b, a, s, d]
     saved.release()
-    dqkv = np.stack([dq, dk, dv], axis=3)  # [b, a, s, 3, d]
-    return dqkv.transpose(2, 0, 1, 3, 4).reshape(s, b, a * 3 * d)  # dqkv: [s, b, 3h]
+    dqkv = np.empty((s, b, a, 3, d), dtype=np.result_type(dq, dk, dv))  # one copy each
+    for i, g in enumerate((dq, dk, dv)):
+        dqkv[:, :, :, i, :] = g.transpose(2, 0, 1, 3)  # [b, a, s, d] -> [s, b, a, d]
+    return dqkv.reshape(s, b, a * 3 * d)  # dqkv: [s, b, 3h]
 
 
 class CausalSelfAttention:

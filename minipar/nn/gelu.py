@@ -39,6 +39,17 @@ def erf(x: np.ndarray) -> np.ndarray:
     return _erf_object(x).astype(np.float64).reshape(x.shape)
 
 
+def _tanh_u(xf: np.ndarray) -> np.ndarray:
+    """tanh(u), u = √(2/π)·(x + 0.044715·x³), as a new array (x³ as x·x·x: np.power with
+    an exponent of 3 calls the C library's pow on every element, ten times slower)."""
+    u = xf * xf
+    u *= xf
+    u *= TANH_COEF
+    u += xf
+    u *= SQRT_2_OVER_PI
+    return np.tanh(u, out=u)
+
+
 def _check(approximate: str) -> None:
     if approximate not in ("tanh", "none"):
         raise ValueError(f"gelu approximate must be 'tanh' (GPT-2) or 'none' (exact, erf), "
@@ -54,7 +65,10 @@ def gelu_forward(x: np.ndarray, approximate: str = "tanh") -> tuple[np.ndarray, 
     ct = compute_dtype(x.dtype)
     xf = x.astype(ct, copy=False)
     if approximate == "tanh":
-        y = 0.5 * xf * (1.0 + np.tanh(SQRT_2_OVER_PI * (xf + TANH_COEF * xf ** 3)))
+        xf = xf.reshape(-1)  # 1-D (a 0-d x too), so every step below has an array to reuse
+        y = 0.5 * xf  # y = 0.5 x (1 + tanh(u)), in place to spare temporaries
+        y *= _tanh_u(xf) + 1.0
+        y = y.reshape(x.shape)
     else:
         y = 0.5 * xf * (1.0 + erf(xf * INV_SQRT_2).astype(ct, copy=False))
     return y.astype(x.dtype, copy=False), Saved("gelu", x=x, approximate=approximate)
@@ -69,12 +83,25 @@ def gelu_backward(dy: np.ndarray, saved: Saved) -> np.ndarray:
     ct = compute_dtype(x.dtype)
     xf = x.astype(ct, copy=False)
     if saved.approximate == "tanh":
-        t = np.tanh(SQRT_2_OVER_PI * (xf + TANH_COEF * xf ** 3))
-        d = 0.5 * (1.0 + t) + 0.5 * xf * (1.0 - t * t) * SQRT_2_OVER_PI * (
-            1.0 + 3.0 * TANH_COEF * xf * xf)
+        xf = xf.reshape(-1)  # 1-D (a 0-d x too), so every step below has an array to reuse
+        t = _tanh_u(xf)
+        # d = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 c x^2), in place
+        du = 3.0 * TANH_COEF * xf  # du/dx / sqrt(2/pi) = 1 + 3 c x^2
+        du *= xf
+        du += 1.0
+        d = 0.5 * xf
+        t2 = t * t
+        d *= np.subtract(1.0, t2, out=t2)
+        d *= SQRT_2_OVER_PI
+        d *= du
+        t += 1.0
+        t *= 0.5
+        d += t
+        d = d.reshape(x.shape)
     else:
         cdf = 0.5 * (1.0 + erf(xf * INV_SQRT_2).astype(ct, copy=False))  # Φ(x)
         pdf = INV_SQRT_2PI * np.exp(-0.5 * xf * xf)  # φ(x)
         d = cdf + xf * pdf
     saved.release()
-    return (dy.astype(ct, copy=False) * d).astype(x.dtype, copy=False)
+    d *= dy.astype(ct, copy=False)
+    return d.astype(x.dtype, copy=False)

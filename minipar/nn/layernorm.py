@@ -32,7 +32,8 @@ def _normalise(xf: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
     xc = xf - mu
     var = (xc * xc).mean(axis=-1, keepdims=True)  # var: [..., 1]
     rstd = 1.0 / np.sqrt(var + eps)  # rstd: [..., 1]
-    return xc * rstd, rstd
+    xc *= rstd  # xhat, in place (xc is a new array)
+    return xc, rstd
 
 
 def layernorm_forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
@@ -44,9 +45,10 @@ def layernorm_forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
     if x.shape[-1] != gamma.shape[-1]:
         raise ValueError(f"layernorm over {gamma.shape[-1]} features got x of shape {x.shape}")
     ct = compute_dtype(x.dtype)
-    xhat, _ = _normalise(x.astype(ct, copy=False), eps)
-    y = (xhat * gamma.astype(ct, copy=False) + beta.astype(ct, copy=False)).astype(x.dtype)
-    return y, Saved("layernorm", x=x)
+    y, _ = _normalise(x.astype(ct, copy=False), eps)  # xhat, a new array
+    y *= gamma.astype(ct, copy=False)  # y = xhat * gamma + beta, in place
+    y += beta.astype(ct, copy=False)
+    return y.astype(x.dtype, copy=False), Saved("layernorm", x=x)
 
 
 def layernorm_backward(dy: np.ndarray, saved: Saved, gamma: np.ndarray, eps: float = 1e-5
@@ -60,13 +62,19 @@ def layernorm_backward(dy: np.ndarray, saved: Saved, gamma: np.ndarray, eps: flo
     xhat, rstd = _normalise(x.astype(ct, copy=False), eps)  # recomputed, not saved
     dyf = dy.astype(ct, copy=False)
     g = dyf * gamma.astype(ct, copy=False)  # g: [s, b, h], the gradient w.r.t. xhat
-    dx = rstd * (g - g.mean(axis=-1, keepdims=True)
-                 - xhat * (g * xhat).mean(axis=-1, keepdims=True))
     tokens = tuple(range(x.ndim - 1))
-    dgamma = (dyf * xhat).sum(axis=tokens)  # dgamma: [h]
+    t = dyf * xhat  # scratch: dy * xhat, then g * xhat, then xhat * mean(g * xhat)
+    dgamma = t.sum(axis=tokens)  # dgamma: [h]
     dbeta = dyf.sum(axis=tokens)  # dbeta: [h]
+    g_mean = g.mean(axis=-1, keepdims=True)
+    np.multiply(g, xhat, out=t)
+    gx_mean = t.mean(axis=-1, keepdims=True)
+    np.multiply(xhat, gx_mean, out=t)
+    g -= g_mean  # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), in place in g
+    g -= t
+    g *= rstd
     saved.release()
-    return dx.astype(x.dtype), dgamma.astype(gamma.dtype), dbeta.astype(gamma.dtype)
+    return g.astype(x.dtype, copy=False), dgamma.astype(gamma.dtype), dbeta.astype(gamma.dtype)
 
 
 class LayerNorm:

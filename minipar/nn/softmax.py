@@ -28,8 +28,10 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """y = exp(x - max) / sum(exp(x - max)) along `axis`, in the input dtype (nothing saved)."""
     ct = compute_dtype(x.dtype)
     xf = x.astype(ct, copy=False)
-    e = np.exp(xf - xf.max(axis=axis, keepdims=True))
-    return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)
+    e = xf - xf.max(axis=axis, keepdims=True)  # a new array: exp and divide in place
+    np.exp(e, out=e)
+    e /= e.sum(axis=axis, keepdims=True)
+    return e.astype(x.dtype, copy=False)
 
 
 def softmax_forward(x: np.ndarray, axis: int = -1) -> tuple[np.ndarray, Saved]:
@@ -50,6 +52,9 @@ def softmax_backward(dy: np.ndarray, saved: Saved) -> np.ndarray:
     ct = compute_dtype(y.dtype)
     yf = y.astype(ct, copy=False)
     dyf = dy.astype(ct, copy=False)
-    dx = yf * (dyf - (dyf * yf).sum(axis=saved.axis, keepdims=True))
+    dx = dyf * yf
+    dot = dx.sum(axis=saved.axis, keepdims=True)  # sum(dy * y)
+    np.subtract(dyf, dot, out=dx)  # dx = y * (dy - sum(dy * y)), in place
+    dx *= yf
     saved.release()
     return dx.astype(y.dtype, copy=False)
