@@ -3,9 +3,10 @@
     python benchmarks/run.py
 
 prints every ratio: the simulated backend's all_reduce against bare NumPy, the barrier
-latency against a bare threading.Barrier, and, when mpi4py and mpiexec are installed
-(the [mpi] extra), the MPI backend's all_reduce against raw mpi4py, by running
-`mpiexec -n 4 python benchmarks/bench_mpi.py`.
+latency against a bare threading.Barrier, a single-device GPT training step's model
+FLOP/s against bare np.matmul's (benchmarks/bench_model.py), and, when mpi4py and mpiexec
+are installed (the [mpi] extra), the MPI backend's all_reduce against raw mpi4py, by
+running `mpiexec -n 4 python benchmarks/bench_mpi.py`.
 
 Nothing here is asserted in tests: wall-clock numbers depend on the machine.
 """
@@ -23,6 +24,10 @@ import time
 import numpy as np
 
 import minipar as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_dp import main as dp_benchmark  # noqa: E402  (benchmarks/bench_dp.py)
+from bench_model import gpt_step_efficiency  # noqa: E402  (benchmarks/bench_model.py)
 
 
 def allreduce_sim(world: int, nbytes: int, iters: int) -> float:
@@ -87,17 +92,31 @@ def barrier_floor(world: int, iters: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--only", choices=("runtime", "model", "dp", "mpi"),
+                    help="run one group of benchmarks (default: all)")
     args = ap.parse_args()
+    if args.only in (None, "runtime"):
+        runtime_benchmarks(args.repeats)
+    if args.only in (None, "model"):
+        print(gpt_step_efficiency(max(args.repeats, 7)))
+    if args.only in (None, "dp"):
+        dp_benchmark([])
+    if args.only in (None, "mpi"):
+        print(mpi_benchmark())
+
+
+def runtime_benchmarks(repeats: int) -> None:
+    """The simulated backend's all_reduce and barrier against their bare baselines."""
     world, nbytes = 8, 16 << 20
     sim, base = [], []
-    for _ in range(args.repeats):  # interleaved, so both see the same machine state
+    for _ in range(repeats):  # interleaved, so both see the same machine state
         base.append(allreduce_numpy(world, nbytes, 5))
         sim.append(allreduce_sim(world, nbytes, 5))
     s, b = statistics.median(sim), statistics.median(base)
     print(f"all_reduce 8 ranks x 16 MiB float32, sim backend: {s * 1e3:.2f} ms; "
           f"bare NumPy sum + 8 copies: {b * 1e3:.2f} ms; ratio {s / b:.2f} (target <= 1.3)")
     lat, floor = [], []
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         floor.append(barrier_floor(world, 1000))
         lat.append(barrier_latency(world, 1000))
     lat_m, floor_m = statistics.median(lat), statistics.median(floor)
@@ -125,4 +144,3 @@ def mpi_benchmark() -> str:
 
 if __name__ == "__main__":
     main()
-    print(mpi_benchmark())

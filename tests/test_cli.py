@@ -28,6 +28,26 @@ def test_tour_runs_and_reports(tmp_path, capsys):
         assert re.search(rf"{cat}\s+[\d.]+ \w+\s+=\s+{per} bytes x psi", out), cat
     clock, formula = re.search(r"FLOPs on the clock ([\d,]+) = .* = ([\d,]+);", out).groups()
     assert clock == formula
+    # data parallelism on 4 ranks: the ledger equals ZeRO's formula at every stage
+    dp = out[out.index("8. Data parallelism"):]
+    num = r"\s+([\d,]+)" * 4
+    rows = re.findall(rf"^\s+(\d) (\S+)\s+ledger{num}\s+every rank alike: (\w+)\n"
+                      rf"\s+formula{num}", dp, re.M)
+    assert [(r[0], r[1]) for r in rows] == [("0", "DDP"), ("1", "ZeRO-1"), ("2", "ZeRO-2"),
+                                            ("3", "ZeRO-3")]
+    for stage, _, *ledger, alike, p_, g_, o_, t_ in rows:
+        assert ledger == [p_, g_, o_, t_] and alike == "True", stage
+        p_, g_, o_, t_ = (int(x.replace(",", "")) for x in (p_, g_, o_, t_))
+        assert p_ + g_ + o_ == t_
+    totals = [int(r[9].replace(",", "")) for r in rows]
+    assert totals == sorted(totals, reverse=True)  # each stage holds less than the one before
+    # bytes sent per rank, read from the trace, equal the ring theory
+    sent = re.findall(r"([\d,]+) B  theory .* = ([\d,]+) B$", dp, re.M)
+    assert len(sent) == 4 and all(a == b for a, b in sent)
+    # and the weights equal one device's, within the equivalence tests' own tolerance
+    equal = re.findall(r"^\s+\d \S+\s+max \|w - w_one_device\| = ([\d.e+-]+); "
+                       r"equal within .*: (\w+)$", dp, re.M)
+    assert len(equal) == 4 and all(e == "True" and float(d) < 1e-12 for d, e in equal)
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name") == "all_reduce" and e["ph"] == "X" for e in events)
 
@@ -46,3 +66,17 @@ def test_version(capsys):
 def test_bad_size_is_refused():
     with pytest.raises(SystemExit, match="--megabytes must be positive"):
         main(["tour", "--megabytes", "0"])
+
+
+def test_the_tour_uses_the_equivalence_tests_tolerance():
+    """Part 8 prints "equal" with tests/parallel/conftest.py's RTOL and ATOL_SCALE."""
+    import ast
+    from pathlib import Path
+
+    from minipar.tour import DP_ATOL_SCALE, DP_RTOL
+
+    tree = ast.parse((Path(__file__).parent / "parallel" / "conftest.py").read_text())
+    consts = {t.id: ast.literal_eval(node.value) for node in tree.body
+              if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)
+              and t.id in ("RTOL", "ATOL_SCALE")}
+    assert (DP_RTOL, DP_ATOL_SCALE) == (consts["RTOL"], consts["ATOL_SCALE"])

@@ -146,7 +146,11 @@ class ShardedOptimizer:
                                  f"weights of shape {piece.data.shape}")
             stepped = master if master is not None else piece.data
             for (name, lo, hi), w in zip(piece.segments, ws):
-                g = g_piece[lo:hi].astype(stepped.dtype)  # float32 copy (float64 in float64)
+                g = g_piece[lo:hi]
+                if master is not None or coef < 1.0 or g.dtype != stepped.dtype:
+                    g = g.astype(stepped.dtype)  # float32 copy (float64 in float64)
+                # else: the reduced gradient itself; Adam only reads it (its first act is a
+                # copy, p.grad.astype), so the bits are the same and one copy is saved
                 charge = master is not None  # the transient float32 copy (as in mixed_precision)
                 if charge:
                     self._ledger.hold(f"optim:{name}.grad32", g, "gradients")
