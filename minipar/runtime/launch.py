@@ -5,7 +5,9 @@ If any rank raises, the run stops: the other ranks are woken out of whatever the
 and `launch` raises. A diagnosis the runtime made (collective mismatch, deadlock,
 simulated out-of-memory, bad arguments) is raised as itself, with a note naming the rank;
 any other exception is wrapped in `RankFailedError`, which names the rank and carries its
-traceback. No thread is left behind.
+traceback. No thread is left behind. While the ranks run, BLAS may use at most
+max(1, cores // world_size) threads each, so simulated devices share the cores instead of
+fighting over them (runtime/blas.py).
 
 With `backend="mpi"` this process is one rank of an `mpiexec -n N` job: `fn` runs once,
 here, and `launch` returns this rank's result in a one-element list.
@@ -18,6 +20,7 @@ import traceback
 from typing import Any, Callable, Optional
 
 from .backends.sim import SimWorld
+from .blas import limit_blas_threads, threads_per_rank
 from .cost import ALGORITHMS
 from .context import Context, set_current
 from .errors import DeadlockError, MiniparError, RankFailedError, WorldAborted
@@ -84,10 +87,11 @@ def launch(fn: Callable[[Context], Any], world_size: int, topology: Optional[Top
 
     threads = [threading.Thread(target=run, args=(r,), name=f"minipar-rank-{r}", daemon=True)
                for r in range(world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with limit_blas_threads(threads_per_rank(world_size)):  # see runtime/blas.py
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     if world.error is not None:
         raise _first_failure(world.error, failures)
     out = LaunchResult(results)
