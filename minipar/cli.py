@@ -37,44 +37,25 @@ def _incident(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
-    return v
+def _number(cast, minimum, strict: bool, what: str):
+    """An argparse `type=` that parses with `cast` and accepts values > minimum (strict)
+    or >= minimum, finite; the error says what was expected and what was received."""
+    def parse(text: str):
+        try:
+            v = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        ok = math.isfinite(v) and (v > minimum if strict else v >= minimum)
+        if not ok:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return v
+    return parse
 
 
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return v
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not (math.isfinite(v) and v >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
-    return v
+_positive_int = _number(int, 0, True, "a positive integer")
+_count = _number(int, 0, False, "an integer >= 0")
+_positive_float = _number(float, 0.0, True, "a positive number")
+_nonnegative_float = _number(float, 0.0, False, "a number >= 0")
 
 
 class _Progress:
