@@ -75,13 +75,13 @@ def _probs(q: np.ndarray, k: np.ndarray, p: float, rng: np.random.Generator):
 def core_attention_forward(qkv: np.ndarray, num_heads: int, p: float,
                            rng: np.random.Generator, selective: bool = False):
     """context = dropout(softmax(Q K^T / sqrt(d) + mask)) V.  qkv: [s, b, 3h] -> [s, b, h]."""
-    state = copy.deepcopy(rng.bit_generator.state) if selective else None
+    replay = copy.deepcopy(rng) if selective else None  # a generator in today's state
     q, k, v = _heads(qkv, num_heads)
     probs, s_soft, dropped, s_drop = _probs(q, k, p, rng)
     context = _merge_heads(matmul(dropped, v, label="attn p@v"))  # context: [s, b, h]
     if selective:  # keep only Q, K, V; softmax and dropout are recomputed in backward
         s_soft.release(), s_drop.release()
-        return context, Saved("attn.core", qkv=qkv, rng_state=state, p=p, heads=num_heads)
+        return context, Saved("attn.core", qkv=qkv, replay=replay, p=p, heads=num_heads)
     keep = {"dropped": dropped} if p > 0 else {}
     return context, Saved("attn.core", qkv=qkv, p=p, heads=num_heads, s_soft=s_soft,
                           s_drop=s_drop, **keep)
@@ -90,10 +90,8 @@ def core_attention_forward(qkv: np.ndarray, num_heads: int, p: float,
 def core_attention_backward(dcontext: np.ndarray, saved: Saved) -> np.ndarray:
     """Backward of the core: dcontext [s, b, h] -> dqkv [s, b, 3h]. 4 matmuls."""
     q, k, v = _heads(saved.qkv, saved.heads)
-    if getattr(saved, "rng_state", None) is not None:  # selective recomputation
-        rng = np.random.Generator(np.random.PCG64())
-        rng.bit_generator.state = saved.rng_state
-        probs, s_soft, dropped, s_drop = _probs(q, k, saved.p, rng)
+    if getattr(saved, "replay", None) is not None:  # selective recomputation
+        probs, s_soft, dropped, s_drop = _probs(q, k, saved.p, saved.replay)
     else:
         s_soft, s_drop = saved.s_soft, saved.s_drop
         dropped = saved.dropped if saved.p > 0 else s_soft.y

@@ -55,10 +55,10 @@ class Block:
     def forward(self, x: np.ndarray, rng: np.random.Generator):
         """y, saved = block.forward(x, rng), honouring the block's recompute mode."""
         if self.recompute == "full":
-            state = copy.deepcopy(rng.bit_generator.state)
+            replay = copy.deepcopy(rng)  # the generator as it is now: the same masks again
             y, inner = self._forward(x, rng, selective=False)
             _release(inner)  # keep nothing of the inside: backward runs it again
-            return y, Saved(f"{self.name}.input", x=x, rng_state=state)
+            return y, Saved(f"{self.name}.input", x=x, replay=replay)
         return self._forward(x, rng, selective=self.recompute == "selective")
 
     def _forward(self, x: np.ndarray, rng: np.random.Generator, selective: bool):
@@ -75,9 +75,7 @@ class Block:
     def backward(self, dy: np.ndarray, saved) -> np.ndarray:
         """dx = block.backward(dy, saved); accumulates the parameters' gradients."""
         if self.recompute == "full":
-            rng = np.random.Generator(np.random.PCG64())
-            rng.bit_generator.state = saved.rng_state
-            x = saved.x
+            x, rng = saved.x, saved.replay
             saved.release()
             _, saved = self._forward(x, rng, selective=False)  # the forward, once more
         s_ln1, s_attn, s_d1, s_ln2, s_mlp, s_d2 = saved
