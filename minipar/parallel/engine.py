@@ -34,6 +34,12 @@ Clipping by the global norm. Each rank holds a disjoint shard of the averaged gr
 and every rank scales by the same min(1, max_norm / (||g|| + 1e-6)). Clipping each shard by
 its own norm is the classic bug: the coefficients differ between ranks, the update is no
 longer the single-device update, and shards drift apart (tests/parallel show it).
+
+Under tensor parallelism (a model with a `tensor_parallel_group`, on a dp x tp mesh) the
+gradient is split across tp too: tensor-parallel shards are summed over the tp group, and
+parameters replicated across it (LayerNorms, biases of row-parallel layers, position
+embeddings) are counted on tp rank 0 only — Megatron's
+`param_is_not_tensor_parallel_duplicate` — then the squares are all-reduced over tp.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ class DataParallelEngine:
             raise TypeError(f"{type(self).__name__} wraps a model with units() and hooks "
                             f"(minipar.nn.GPT); got {type(model).__name__}")
         self.model = model
+        self.tp_group: Optional[ProcessGroup] = getattr(model, "tensor_parallel_group", None)
         self.group = group  # DDP: the all-reduce group; ZeRO: the shard group
         self.shard_group = shard_group  # where states are partitioned (None: nowhere)
         self.max_grad_norm = max_grad_norm
@@ -149,12 +156,24 @@ class DataParallelEngine:
         grads = self._owned_grads()
         coef = 1.0
         if self.max_grad_norm is not None:
-            local = self.optimizer.squared_grad_norm(grads)
-            self.last_grad_norm = math.sqrt(self._sum_over_shards(local))
+            local = self.optimizer.squared_grad_norm(grads, self._counted())
+            total = self._sum_over_shards(local)
+            if self.tp_group is not None and self.tp_group.size > 1:
+                total = float(all_reduce(np.array([total]), "sum", group=self.tp_group)[0])
+            self.last_grad_norm = math.sqrt(total)
             if math.isfinite(self.last_grad_norm):  # inf/nan: leave them, as clip_grad_norm_
                 coef = clip_coef(self.last_grad_norm, self.max_grad_norm)
         self.optimizer.step(grads, coef)
         self._after_step()
+
+    def _counted(self):
+        """Under tensor parallelism: which parameters' squares this rank adds to the norm."""
+        if self.tp_group is None or self.tp_group.size == 1:
+            return None
+        first = self.tp_group.group_rank(current().rank) == 0
+        sharded = {p.name for _, ps in self.units for p in ps
+                   if getattr(p, "tensor_model_parallel", False)}
+        return lambda name: first or name in sharded
 
     def _sum_over_shards(self, local: float) -> float:
         """||g||^2 = sum over the shard group of each rank's sum of squares (replicas of a

@@ -32,7 +32,7 @@ flat m and v, which Adam updates in place.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -126,12 +126,20 @@ class ShardedOptimizer:
             self.inner.lr = float(value)
 
     # ---- the step -----------------------------------------------------------------------
-    def squared_grad_norm(self, grads: Sequence[np.ndarray]) -> float:
-        """sum of g^2 over the owned gradient pieces, in float64 (padding adds zeros)."""
+    def squared_grad_norm(self, grads: Sequence[np.ndarray],
+                          counted: Optional[Callable[[str], bool]] = None) -> float:
+        """sum of g^2 over the owned gradient pieces, in float64 (padding adds zeros).
+        counted(name) False leaves that parameter's elements out (a replica counted on
+        another rank: see DataParallelEngine.step under tensor parallelism)."""
         total = 0.0
-        for g in grads:
+        for piece, g in zip(self.pieces, grads):
             g64 = g.astype(np.float64)
-            total += float(np.sum(g64 * g64))
+            if counted is None:
+                total += float(np.sum(g64 * g64))
+                continue
+            for name, lo, hi in piece.segments:
+                if counted(name):
+                    total += float(np.sum(g64[lo:hi] * g64[lo:hi]))
         return total
 
     def step(self, grads: Sequence[np.ndarray], coef: float = 1.0) -> None:

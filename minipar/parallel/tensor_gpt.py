@@ -77,6 +77,11 @@ class TensorParallelGPT:
             skip_weight_param_allocation=cfg.tie_embeddings)
         self.hooks = Hooks()
 
+    @property
+    def tensor_parallel_group(self) -> ProcessGroup:
+        """What the data-parallel engines read to clip by the norm over dp and tp."""
+        return self.group
+
     # ---- parameters ------------------------------------------------------------------
     def _root(self) -> list[Parameter]:
         return (self.wte.parameters() + self.wpe.parameters() + self.ln_f.parameters()
