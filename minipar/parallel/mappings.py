@@ -78,8 +78,9 @@ def _split(x: np.ndarray, group: ProcessGroup, axis: int) -> np.ndarray:
     t, r = group.size, group.group_rank(current().rank)
     n = x.shape[axis]
     if n % t:
-        raise ValueError(f"cannot split axis {axis} of shape {x.shape} into {t} equal parts "
-                         f"for tensor-parallel group {group}: {n} is not divisible by {t}")
+        raise ValueError(f"rank {current().rank}: cannot split axis {axis} of shape {x.shape} "
+                         f"into {t} equal parts for tensor-parallel group {group}: {n} is not "
+                         f"divisible by {t}; make that dimension a multiple of {t}")
     index = [slice(None)] * x.ndim
     index[axis] = slice(r * n // t, (r + 1) * n // t)
     return np.ascontiguousarray(x[tuple(index)])
