@@ -8,7 +8,9 @@ stays on NVLink; two timelines show the collectives and then compute and communi
 overlapping on their streams; one training step of the single-device GPT, with its
 memory and FLOPs accounted; and the same GPT trained data-parallel on 4 ranks under DDP
 and ZeRO-1/2/3, its memory and traffic against the formulas and its weights against the
-single device, closes the tour.
+single device; and the GPT split by Megatron's tensor and sequence parallelism, its
+collectives, its activation memory against the paper and its gradients against one device,
+closes the tour (tour_tensor.py).
 """
 
 from __future__ import annotations
@@ -145,6 +147,9 @@ def run_tour(out: Print = print, nbytes: int = 4 << 20, trace_path: Optional[str
     _single_device_step(out)
     out("")
     _data_parallel(out)
+    out("")
+    from .tour_tensor import tensor_parallel_part
+    tensor_parallel_part(out)
     if trace_path:
         to_chrome_trace(all_events, trace_path, topology=topo)
         out(f"\nChrome trace written to {trace_path}: open it in https://ui.perfetto.dev "

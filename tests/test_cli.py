@@ -48,6 +48,18 @@ def test_tour_runs_and_reports(tmp_path, capsys):
     equal = re.findall(r"^\s+\d \S+\s+max \|w - w_one_device\| = ([\d.e+-]+); "
                        r"equal within .*: (\w+)$", dp, re.M)
     assert len(equal) == 4 and all(e == "True" and float(d) < 1e-12 for d, e in equal)
+    # tensor parallelism: Megatron's collectives per layer, Table 2 to the byte, one device
+    tp = out[out.index("9. Tensor and sequence parallelism"):]
+    assert re.search(r"^\s+tp\s+forward\s+all_reduce x2$", tp, re.M)
+    assert re.search(r"^\s+tp \+ sp\s+forward\s+all_gather x2, reduce_scatter x2$", tp, re.M)
+    table = re.findall(r"^\s+(one device|tp|tp \+ sp)\s+([\d,]+) B .* = \s*([\d,]+) B\s+"
+                       r"equal: (\w+)$", tp, re.M)
+    assert len(table) == 3 and all(g == w and e == "True" for _, g, w, e in table)
+    per_rank = [int(g.replace(",", "")) for _, g, _, _ in table]
+    assert per_rank == sorted(per_rank, reverse=True)
+    losses = re.findall(r"loss ([\d.]+) \(one device ([\d.]+)\); .* difference ([\d.e+-]+)$",
+                        tp, re.M)
+    assert len(losses) == 2 and all(a == b and float(d) < 1e-12 for a, b, d in losses)
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name") == "all_reduce" and e["ph"] == "X" for e in events)
 
