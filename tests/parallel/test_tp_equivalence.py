@@ -1,5 +1,5 @@
 """Tensor (and sequence) parallelism is one device: a TensorParallelGPT on tp ranks — alone
-or on a dp x tp mesh under DDP, ZeRO-1 or ZeRO-2 — trains exactly like one GPT on the whole
+or on a dp x tp mesh under DDP or ZeRO-1, 2 or 3 — trains exactly like one GPT on the whole
 global batch, dropout included.
 
 Each example draws tp in {1, 2, 3, 4} with a model whose heads, ffn and vocabulary divide by
@@ -103,7 +103,7 @@ def test_tensor_parallel_trains_like_one_device(dpkit, data):
     dropout = data.draw(st.sampled_from([0.0, 0.2]), "dropout")
     recompute = data.draw(st.sampled_from(["none", "selective", "full"]), "recompute")
     tie = data.draw(st.booleans(), "tie embeddings")
-    stage = data.draw(st.sampled_from([0, 1, 2]), "ZeRO stage over dp")
+    stage = data.draw(st.sampled_from([0, 1, 2, 3]), "ZeRO stage over dp")
     max_norm = data.draw(st.sampled_from([None, 0.05]), "max_grad_norm")  # 0.05 clips
     layers = data.draw(st.integers(1, 2), "layers")
     seed = data.draw(st.integers(0, 2**16), "seed")
