@@ -44,7 +44,7 @@ from .data import (CharTokenizer, TokenStream, load_corpus, loss_scale_for_accum
                    split_microbatches)
 from .nn.config import GPTConfig
 from .nn.gpt import GPT
-from .nn.saved import Saved
+from .nn.saved import release_all
 from .optim import (AdamW, MixedPrecisionOptimizer, WarmupCosine, clip_grad_norm_,
                     no_decay_for)
 from .plan import model_flops
@@ -287,15 +287,6 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
 
 
 # ---- sampling ---------------------------------------------------------------------------
-def _release(cache) -> None:
-    """Give back every activation a forward saved (we run no backward after it)."""
-    if isinstance(cache, Saved):
-        cache.release()
-    elif isinstance(cache, (list, tuple)):
-        for c in cache:
-            _release(c)
-
-
 def generate(model: GPT, tokenizer: CharTokenizer, prompt: str, num_chars: int,
              temperature: float = 0.0, seed: int = 0) -> str:
     """`prompt` followed by `num_chars` characters, one forward per character.
@@ -321,7 +312,7 @@ def generate(model: GPT, tokenizer: CharTokenizer, prompt: str, num_chars: int,
             _, cache = model.forward(window, np.zeros_like(window), rng)
             # cache[-1] is the cross-entropy's Saved: its logits, at the last position: [V]
             logits = cache[-1].logits[-1, 0].astype(np.float64)
-            _release(cache)
+            release_all(cache)
             if temperature == 0:
                 ids.append(int(np.argmax(logits)))
             else:

@@ -19,7 +19,7 @@ Transformer Models", section 4.1), with s, b, h, a and 2-byte activations:
     same way, and puts the output dropout's sbh mask here too: see docs/model.md.
 With dropout off, the dropout output *is* the softmax output: it is saved once, and the
 mask not at all. Selective recomputation saves only Q, K, V and recomputes the softmax
-and dropout (from the same generator state) during backward, at the cost of one more
+and dropout (from a copy of the generator taken before) during backward, at the cost of one more
 Q K^T matmul: 2 b s^2 h FLOPs.
 """
 

@@ -10,7 +10,7 @@ Recomputation (Chen et al. 2016; Korthikanti et al. 2022):
                per block in 16-bit precision with dropout on (see docs/model.md)
   "selective"  the attention core keeps only Q, K, V and recomputes softmax and dropout:
                34 sbh per block, for one more Q K^T matmul
-  "full"       the block keeps only its input x (2 sbh) and the dropout generator's state;
+  "full"       the block keeps only its input x (2 sbh) and a copy of the dropout generator;
                backward runs the block's forward again first (one more forward's FLOPs)
 Each block has its own mode: GPTConfig.recompute_every = k recomputes only every k-th
 block and lets the others keep everything (GPTConfig.block_recompute).
@@ -27,7 +27,7 @@ from .attention import CausalSelfAttention
 from .dropout import dropout_backward, dropout_forward
 from .layernorm import LayerNorm
 from .mlp import MLP
-from .saved import Saved
+from .saved import Saved, release_all
 
 
 class Block:
@@ -57,7 +57,7 @@ class Block:
         if self.recompute == "full":
             replay = copy.deepcopy(rng)  # the generator as it is now: the same masks again
             y, inner = self._forward(x, rng, selective=False)
-            _release(inner)  # keep nothing of the inside: backward runs it again
+            release_all(inner)  # keep nothing of the inside: backward runs it again
             return y, Saved(f"{self.name}.input", x=x, replay=replay)
         return self._forward(x, rng, selective=self.recompute == "selective")
 
@@ -85,12 +85,3 @@ class Block:
         da_out = dropout_backward(dx1, s_d1)
         da_in = self.attn.backward(da_out, s_attn)
         return dx1 + self.ln1.backward(da_in, s_ln1)
-
-
-def _release(saved) -> None:
-    """Release a (possibly nested) structure of Saved objects."""
-    if isinstance(saved, Saved):
-        saved.release()
-    elif isinstance(saved, (tuple, list)):
-        for s in saved:
-            _release(s)

@@ -10,7 +10,7 @@ memory visible: the ledger's "activations" category is exactly what `Saved` obje
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +57,12 @@ class Saved:
         return not self._values
 
 
-def release_all(*saved: Optional[Saved]) -> None:
+def release_all(*saved: Any) -> None:
+    """Release every Saved in (possibly nested lists and tuples of) `saved`; None is skipped.
+    A forward whose backward will not run (sampling, full recomputation) gives its
+    activations back this way."""
     for s in saved:
-        if s is not None:
+        if isinstance(s, Saved):
             s.release()
+        elif isinstance(s, (list, tuple)):
+            release_all(*s)

@@ -37,10 +37,9 @@ from typing import Optional
 import numpy as np
 
 from ..nn.attention import core_attention_backward, core_attention_forward
-from ..nn.block import _release
 from ..nn.dropout import dropout_backward, dropout_forward
 from ..nn.gelu import gelu_backward, gelu_forward
-from ..nn.saved import Saved
+from ..nn.saved import Saved, release_all
 from ..runtime.group import ProcessGroup
 from .random import TensorParallelRNG
 from .sequence import SequenceParallelGrads, SequenceParallelLayerNorm
@@ -140,7 +139,7 @@ class ParallelTransformerLayer:
         if self.recompute == "full":
             replay = copy.deepcopy(rng)  # the same masks again in backward
             y, inner = self._forward(x, rng, selective=False)
-            _release(inner)
+            release_all(inner)
             return y, Saved(f"{self.name}.input", x=x, replay=replay)
         return self._forward(x, rng, selective=self.recompute == "selective")
 
