@@ -98,3 +98,37 @@ def test_a_wrong_process_count_says_how_to_launch(tmp_path):
     proc = _mpirun(2, [str(script)])
     assert proc.returncode != 0
     assert "mpiexec -n 4" in proc.stderr
+
+
+def test_tensor_and_data_parallel_training_runs_the_same_on_processes(tmp_path):
+    """TensorParallelGPT (tp = 2, sequence parallel, dropout) under ZeRO-1 (dp = 2) with
+    clipping: four MPI processes end with the sim backend's losses, shards, gradient norm
+    and clocks, bit for bit, and the losses are one device's."""
+    spec = importlib.util.spec_from_file_location(
+        "minipar_mpi_tp_program", os.path.join(HERE, "tp_program.py"))
+    tp_program = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tp_program)
+    proc = _mpirun(4, [os.path.join(HERE, "tp_program.py"), "mpi", str(tmp_path)])
+    assert proc.returncode == 0, f"mpiexec failed:\n{proc.stdout}\n{proc.stderr}"
+    sim = tp_program.run("sim")
+    for r in range(4):
+        with np.load(tmp_path / f"rank{r}.npz", allow_pickle=False) as f:
+            got = {k: f[k] for k in f.files}
+        assert set(got) == set(sim[r])
+        for name, want in sim[r].items():
+            np.testing.assert_array_equal(got[name], want, err_msg=f"rank {r}, {name}")
+
+    from minipar.nn import GPT
+    from minipar.optim import AdamW, clip_grad_norm_
+    import minipar as mp
+    with mp.device():
+        model = GPT(tp_program.CFG)
+        opt = AdamW(model.parameters(), **tp_program.OPT)
+        losses = []
+        for ids, tgt in tp_program.batches():
+            losses.append(model.loss_and_grad(ids, tgt))
+            clip_grad_norm_(model.parameters(), tp_program.MAX_NORM)
+            opt.step()
+            opt.zero_grad()
+    dp_mean = np.mean([sim[r]["losses"] for r in (0, 2)], axis=0)  # one rank per dp replica
+    np.testing.assert_allclose(dp_mean, losses, rtol=1e-12)
