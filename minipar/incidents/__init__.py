@@ -2,6 +2,7 @@
 devices, prints what it measured and returns the numbers.
 
     name  module              what goes wrong
+    a     tp_across_nodes     a tensor-parallel group spanning nodes: all-reduces on InfiniBand
     c     zero3_recompute     ZeRO-3 + activation checkpointing peaks above ZeRO-2
 
 Every module has `run(out=print) -> dict`; `minipar incident <name>` runs one. To add an
@@ -15,13 +16,15 @@ from types import ModuleType
 
 # name -> (module in this package, one line on what goes wrong)
 INCIDENTS: dict[str, tuple[str, str]] = {
+    "a": ("tp_across_nodes", "tensor parallelism across nodes puts its all-reduces on "
+                             "InfiniBand (keep TP inside the node, DP/PP across)"),
     "c": ("zero3_recompute", "ZeRO-3 + activation checkpointing peaks above ZeRO-2 "
                              "(limit_all_gathers and coarser checkpointing)"),
 }
 
 
 def get(name: str) -> ModuleType:
-    """The module of incident `name` ("c", ...)."""
+    """The module of incident `name` ("a", "c", ...)."""
     if name not in INCIDENTS:
         raise KeyError(f"no incident {name!r}; the incidents are {sorted(INCIDENTS)}")
     return importlib.import_module(f"{__name__}.{INCIDENTS[name][0]}")
