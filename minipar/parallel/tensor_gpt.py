@@ -59,6 +59,10 @@ class TensorParallelGPT:
     def __init__(self, cfg: GPTConfig, tp_group: ProcessGroup, sequence_parallel: bool = False,
                  dp_rank: int = 0, dp_size: int = 1):
         check_tensor_parallel(cfg, tp_group.size, sequence_parallel)
+        if not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank must be in [0, dp_size) = [0, {dp_size}), got "
+                             f"{dp_rank}: pass this rank's position in its data-parallel "
+                             "group (dp_group.group_rank(ctx.rank)) and the group's size")
         self.cfg, self.group, self.sequence_parallel = cfg, tp_group, sequence_parallel
         self.tp_rank = tp_group.group_rank(current().rank)
         self.dp = (dp_rank, dp_size)
