@@ -5,6 +5,8 @@
     minipar train [--steps N] [--batch B] [--micro-batches K] [--seq-len S] [--layers L]
                   [--hidden H] [--heads A] [--lr LR] [--warmup W] [--dtype D] [--seed N]
                   [--sample N] [--temperature T] [--quiet]
+    minipar lessons [list | open NN | build [--check] [--force]]
+    minipar grade NN [--impl exercise|solution|PATH]
     minipar --version
 """
 
@@ -35,6 +37,51 @@ def _incident(args: argparse.Namespace) -> int:
 
     get(args.name).run(out=print)
     return 0
+
+
+def _lessons(args: argparse.Namespace) -> int:
+    from .course import all_lessons, build_exercises, find_lesson
+
+    action = args.action or "list"
+    if action == "list":
+        lessons = all_lessons()
+        for lesson in lessons:
+            print(f"{lesson.number}  {lesson.title.split(' — ', 1)[-1]:<34} {lesson.summary}")
+        print(f"\n{len(lessons)} lessons in {lessons[0].directory.parent if lessons else '-'}; "
+              "`minipar lessons open NN` shows one's files, `minipar grade NN` grades "
+              "your exercise.py")
+        return 0
+    if action == "open":
+        if len(args.numbers) != 1:
+            raise SystemExit("minipar lessons open: name one lesson, e.g. `minipar lessons "
+                             "open 01`")
+        lesson = find_lesson(args.numbers[0])
+        print(f"{lesson.title}\n{lesson.summary}\n")
+        for which, what in (("lesson", "read and run it: python {p}  (or open it in Jupyter "
+                                       "with jupytext, or in VS Code as cells)"),
+                            ("exercise", "your answers go here; then: minipar grade "
+                                         f"{lesson.number}"),
+                            ("solution", "the answers, when you want them"),
+                            ("grader", "what `minipar grade` checks")):
+            p = lesson.path(which)
+            print(f"  {which + '.py':<12} {p}\n  {'':<12} {what.format(p=p)}")
+        return 0
+    lessons = [find_lesson(n) for n in args.numbers] or None
+    results = build_exercises(lessons, check=args.check, force=args.force)
+    words = {"unchanged": "up to date", "written": "written",
+             "differs": "differs from what solution.py generates",
+             "kept": "kept: it differs from what solution.py generates and may hold your "
+                     "answers (--force overwrites it)"}
+    for r in results:
+        print(f"{r.lesson.path('exercise')}: {words[r.status]}")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from .course import grade
+
+    report = grade(args.lesson, args.impl)
+    return 0 if report.passed else 1
 
 
 def _number(cast, minimum, strict: bool, what: str):
@@ -211,6 +258,33 @@ def build_parser() -> argparse.ArgumentParser:
                      help="which incident: " + ", ".join(sorted(INCIDENTS)))
     inc.set_defaults(func=_incident)
 
+    le = sub.add_parser("lessons", help="the course: list the lessons, show one's files, "
+                                         "regenerate the exercises",
+                        description="The course in lessons/: `minipar lessons` lists the "
+                                    "lessons, `minipar lessons open NN` prints where one's "
+                                    "files are, `minipar lessons build` regenerates every "
+                                    "exercise.py from its solution.py (--check only compares).")
+    le.add_argument("action", nargs="?", choices=("list", "open", "build"), metavar="ACTION",
+                    help="list (default) | open NN | build [NN ...]")
+    le.add_argument("numbers", nargs="*", metavar="NN", help="lesson number(s)")
+    le.add_argument("--check", action="store_true",
+                    help="build: only check that each exercise.py is what its solution.py "
+                         "generates (exit 1 if not)")
+    le.add_argument("--force", action="store_true",
+                    help="build: overwrite an exercise.py that differs (your answers too)")
+    le.set_defaults(func=_lessons)
+
+    gr = sub.add_parser("grade", help="grade a lesson's exercises on simulated devices",
+                        description="Run lesson NN's grader on your exercise.py (or on the "
+                                    "solution, or any file): each exercise is checked against "
+                                    "minipar's own implementation over many configurations, "
+                                    "and a failure names the rank, what was expected, what "
+                                    "was received and the smallest failing configuration.")
+    gr.add_argument("lesson", metavar="NN", help="lesson number, e.g. 01")
+    gr.add_argument("--impl", default="exercise", metavar="WHICH",
+                    help="exercise (default: your file), solution, or a path to a .py file")
+    gr.set_defaults(func=_grade)
+
     tr = sub.add_parser("train", help="train a small GPT on the bundled corpus on one "
                                       "simulated GPU and report loss, time, FLOPs and memory",
                         description="Train a character-level GPT on the bundled corpus on one "
@@ -263,6 +337,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.func(args)
     except BrokenPipeError:  # e.g. `minipar tour | head`
         return 0
+    except (KeyError, FileNotFoundError) as e:  # no such lesson, no lessons directory, ...
+        if args.command not in ("lessons", "grade"):
+            raise
+        print(f"minipar {args.command}: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

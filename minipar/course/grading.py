@@ -1,0 +1,256 @@
+"""Grading: run a lesson's checks on a learner's implementation and say what is wrong in the
+learner's terms.
+
+A grader (lessons/NN_topic/grader.py) is a module of checks. Each check is a function of
+the implementation module, marked with the exercise it grades and usually driven by
+hypothesis over a space of configurations:
+
+    @exercise("1.3", "ring all-reduce from send/recv")
+    @SETTINGS
+    @given(world_size=st.integers(1, 5), n=st.integers(1, 7))
+    def check_ring_all_reduce(impl, world_size, n):
+        def program(ctx):
+            x = asymmetric(ctx.rank, n)
+            expect_close(impl.ring_all_reduce(x), mp.all_reduce(x), rank=ctx.rank,
+                         what="ring_all_reduce(x)")
+        on_ranks(program, world_size)
+
+`grade(lesson, impl)` runs every check of the lesson on `impl` ("exercise", "solution" or a
+path to any .py file) and reports each as passed, not implemented yet (the exercise still
+raises NotImplementedError), failed (an expectation did not hold: which rank, what was
+expected, what was received, and the smallest failing configuration hypothesis shrank the
+failure to) or raised (the implementation crashed: the exception and where).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import itertools
+import signal
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, settings
+
+from ..runtime.errors import RankFailedError
+from ..runtime.launch import launch
+from .catalog import Lesson, find_lesson
+
+#: what every check runs under: reproducible, no deadline, small; a failure is shrunk to
+#: the smallest configuration (no "explain" phase: it reruns the check many times more)
+SETTINGS = settings(max_examples=20, derandomize=True, deadline=None, database=None,
+                    print_blob=False, suppress_health_check=list(HealthCheck),
+                    phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))
+
+
+class GradeFailure(AssertionError):
+    """An expectation that did not hold, worded for the learner."""
+
+
+def exercise(number: str, title: str) -> Callable:
+    """Mark a grader function as the check of exercise `number`."""
+    def mark(fn: Callable) -> Callable:
+        fn.exercise, fn.title = number, title
+        return fn
+    return mark
+
+
+def _show(a: np.ndarray) -> str:
+    text = np.array2string(a, precision=6, threshold=12, edgeitems=3, max_line_width=88)
+    return f"{text} (shape {a.shape}, {a.dtype})"
+
+
+def expect_close(received: Any, expected: Any, *, what: str, rank: Optional[int] = None,
+                 rtol: float = 1e-10, atol: float = 1e-12, hint: str = "") -> None:
+    """Raise GradeFailure unless `received` has `expected`'s shape and values (within
+    rtol·|expected| + atol)."""
+    where = f"rank {rank}: " if rank is not None else ""
+    if received is None:
+        raise GradeFailure(f"{where}{what} returned None, expected {_show(np.asarray(expected))}"
+                           f"; did you forget a `return`? {hint}".rstrip())
+    r, e = np.asarray(received), np.asarray(expected)
+    if r.shape != e.shape:
+        raise GradeFailure(f"{where}{what} has shape {r.shape}, expected shape {e.shape}. "
+                           f"{hint}".rstrip())
+    rf, ef = r.astype(np.float64), e.astype(np.float64)
+    bad = ~(np.abs(rf - ef) <= atol + rtol * np.abs(ef))
+    if bad.any():
+        i = np.unravel_index(int(np.argmax(np.where(bad, np.abs(rf - ef), -1.0))), r.shape)
+        at = f" at index {tuple(int(k) for k in i)}" if r.ndim else ""
+        raise GradeFailure(
+            f"{where}{what}: expected {_show(e)}\n    but received {_show(r)}\n"
+            f"    ({int(bad.sum())} of {bad.size} elements differ; the largest difference is "
+            f"{float(np.abs(rf - ef)[i]):.3g}{at}). {hint}".rstrip())
+
+
+def expect_equal(received: Any, expected: Any, *, what: str, rank: Optional[int] = None,
+                 hint: str = "") -> None:
+    """Raise GradeFailure unless received == expected (numbers, strings, tuples, lists)."""
+    if received != expected:
+        where = f"rank {rank}: " if rank is not None else ""
+        raise GradeFailure(f"{where}{what}: expected {expected!r} but received {received!r}. "
+                           f"{hint}".rstrip())
+
+
+def on_ranks(program: Callable, world_size: int, **launch_kw):
+    """mp.launch(program, world_size) for a check: an exercise's NotImplementedError or a
+    failed expectation inside a rank comes out as itself, noting the rank."""
+    try:
+        return launch(program, world_size, **launch_kw)
+    except RankFailedError as e:
+        if isinstance(e.original, (NotImplementedError, AssertionError)):
+            original = e.original
+            if not isinstance(original, NotImplementedError):
+                original.add_note(f"(raised on rank {e.rank} of {world_size})")
+            raise original.with_traceback(original.__traceback__) from None
+        raise
+
+
+_counter = itertools.count()
+
+
+def load_implementation(path: Union[str, Path]):
+    """Import a .py file as a fresh module (a learner's exercise.py, a solution, any file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no implementation file at {path}")
+    name = f"minipar_impl_{next(_counter)}_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        del sys.modules[name]
+        raise
+    return module
+
+
+class CheckTimeout(BaseException):
+    """A check ran longer than its time limit (an endless loop in the implementation?).
+    A BaseException, like KeyboardInterrupt, so that hypothesis stops instead of shrinking."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raise CheckTimeout in the main thread after `seconds` (no limit off the main thread
+    or where SIGALRM does not exist)."""
+    usable = (seconds and hasattr(signal, "SIGALRM")
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise CheckTimeout(f"still running after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def checks_of(grader) -> list[Callable]:
+    """The grader's checks, in the order the module defines them."""
+    return [f for f in vars(grader).values() if callable(f) and hasattr(f, "exercise")]
+
+
+@dataclass
+class Outcome:
+    exercise: str
+    title: str
+    status: str  # "passed" | "todo" | "failed" | "raised"
+    message: str = ""
+
+
+@dataclass
+class GradeReport:
+    lesson: Lesson
+    implementation: Path
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(o.status == "passed" for o in self.outcomes)
+
+    def summary(self) -> str:
+        done = sum(o.status == "passed" for o in self.outcomes)
+        return f"{done} of {len(self.outcomes)} exercises pass"
+
+
+def _falsifying(exc: BaseException) -> str:
+    """hypothesis's shrunk example, as `name=value, ...` without the implementation."""
+    for note in getattr(exc, "__notes__", []):
+        if note.startswith("Falsifying example"):
+            args = [ln.split("  #")[0].strip().rstrip(",") for ln in note.splitlines()[1:]]
+            args = [a for a in args if a and a != ")" and not a.startswith(("impl=", "#"))]
+            return ", ".join(args)
+    return ""
+
+
+def _where(exc: BaseException, impl_path: Path) -> str:
+    """The last line of the learner's file in the traceback."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if Path(f.filename).resolve() == impl_path.resolve()]
+    return f" (at {impl_path.name}:{frames[-1].lineno}: {frames[-1].line})" if frames else ""
+
+
+def _resolve(lesson: Lesson, impl: Union[str, Path]) -> Path:
+    if str(impl) in ("exercise", "solution"):
+        return lesson.path(str(impl))
+    return Path(impl)
+
+
+def grade(lesson: Union[str, Lesson], impl: Union[str, Path] = "exercise",
+          out: Callable[[str], None] = print, seconds_per_check: float = 120) -> GradeReport:
+    """Run lesson's grader on `impl`; print each exercise's outcome through `out`. A check
+    that runs longer than `seconds_per_check` is stopped and reported."""
+    lesson = lesson if isinstance(lesson, Lesson) else find_lesson(lesson)
+    path = _resolve(lesson, impl)
+    grader = load_implementation(lesson.path("grader"))
+    module = load_implementation(path)
+    report = GradeReport(lesson, path)
+    out(f"{lesson.title}: grading {path}")
+    for check in checks_of(grader):
+        try:
+            with time_limit(seconds_per_check):
+                check(module)
+            outcome = Outcome(check.exercise, check.title, "passed")
+        except CheckTimeout as e:
+            outcome = Outcome(check.exercise, check.title, "raised",
+                              f"stopped: {e}{_where(e, path)}; is there a loop that never "
+                              "ends, or a collective some rank never joins?")
+        except NotImplementedError as e:
+            outcome = Outcome(check.exercise, check.title, "todo", str(e))
+        except AssertionError as e:
+            config = _falsifying(e)
+            notes = [n for n in getattr(e, "__notes__", []) if n.startswith("(raised on rank")]
+            msg = str(e) + (f"\n    {notes[0]}" if notes else "")
+            if config:
+                msg += f"\n    smallest failing configuration: {config}"
+            outcome = Outcome(check.exercise, check.title, "failed", msg)
+        except Exception as e:  # the implementation crashed
+            config = _falsifying(e)
+            msg = f"raised {type(e).__name__}: {e}{_where(e, path)}"
+            if config:
+                msg += f"\n    smallest failing configuration: {config}"
+            outcome = Outcome(check.exercise, check.title, "raised", msg)
+        report.outcomes.append(outcome)
+        mark = {"passed": "ok  ", "todo": "todo", "failed": "FAIL", "raised": "FAIL"}
+        out(f"  [{mark[outcome.status]}] Exercise {outcome.exercise}: {outcome.title}")
+        if outcome.status == "todo":
+            out("         not implemented yet: replace the `raise NotImplementedError` in "
+                f"{path.name}")
+        elif outcome.message:
+            out("         " + outcome.message.replace("\n", "\n         "))
+    out(report.summary())
+    return report
