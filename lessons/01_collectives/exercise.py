@@ -1,0 +1,78 @@
+# Your file for lesson 01, generated from solution.py by `minipar lessons build`.
+# Replace each `raise NotImplementedError(...)` with your answer, then run
+# `minipar grade 01`.
+"""Lesson 01 — collectives: ring reduce-scatter, all-gather and all-reduce from send/recv,
+and the bus bandwidth of a measurement.
+
+Every function here is an SPMD function: each rank of `group` calls it with its own input,
+as it would call `torch.distributed.all_reduce`. `group=None` means the whole world.
+
+Chunks. A rank's x is flattened and cut into n chunks with np.array_split(x.reshape(-1), n):
+when n divides x.size they are the n equal chunks of minipar's (and torch's)
+reduce_scatter; when it does not, the first x.size % n chunks are one element longer (and
+chunks may be empty when x.size < n). NCCL's ring does the same: an all-reduce works on any
+number of elements, only reduce_scatter's contract asks for equal pieces. So
+ring_reduce_scatter equals mp.reduce_scatter whenever n divides x.size, and
+ring_all_reduce works for every size.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+import minipar as mp
+
+
+def ring_neighbours(group: Optional[mp.ProcessGroup] = None) -> tuple[int, int, int, int]:
+    """(me, n, right, left): this rank's position in the group, the group's size, and the
+    GLOBAL ranks of the next (me + 1) and previous (me - 1) members around the ring.
+
+    send/recv take global ranks, as in torch.distributed; a group's ranks are sorted, and
+    a member's position is its index there (mp.get_rank(group))."""
+    n, me = mp.get_world_size(group), mp.get_rank(group)
+    ranks = list(range(n)) if group is None else list(group.ranks)
+    return me, n, ranks[(me + 1) % n], ranks[(me - 1) % n]
+
+
+def ring_reduce_scatter(x, group: Optional[mp.ProcessGroup] = None) -> np.ndarray:
+    """out_r = chunk r of (x_0 + x_1 + ... + x_{n-1}).reshape(-1), from send/recv only.
+
+    x: this rank's array, any shape; it is flattened and cut into n chunks as
+    np.array_split(x.reshape(-1), n) (equal chunks when n divides x.size). n - 1 steps:
+    at each, send one chunk to the right neighbour, receive one from the left and add it.
+    Each rank sends (n-1)/n * x.nbytes bytes. Returns a new 1-D array.
+    """
+    raise NotImplementedError("Exercise 1.1: ring reduce-scatter from send/recv — see lesson.py, section 3")
+
+
+def ring_all_gather(chunk, group: Optional[mp.ProcessGroup] = None) -> np.ndarray:
+    """out = concat(chunk_0, chunk_1, ..., chunk_{n-1}) along axis 0, from send/recv only.
+
+    chunk: this rank's array (chunks may differ in length along axis 0, as the chunks of
+    np.array_split do). n - 1 steps: send the chunk you received last to the right
+    neighbour, receive the next from the left. Each rank sends (n-1)/n of the output's
+    bytes (when the chunks are equal). Returns a new array.
+    """
+    raise NotImplementedError("Exercise 1.2: ring all-gather from send/recv — see lesson.py, section 3")
+
+
+def ring_all_reduce(x, group: Optional[mp.ProcessGroup] = None) -> np.ndarray:
+    """out = x_0 + x_1 + ... + x_{n-1} on every rank: ring reduce-scatter, then ring
+    all-gather (Exercises 1.1 and 1.2).
+
+    x: this rank's array, any shape; the result has x's shape and dtype. 2(n-1) steps of
+    about x.nbytes / n bytes: each rank sends 2(n-1)/n * x.nbytes bytes.
+    """
+    raise NotImplementedError("Exercise 1.3: ring all-reduce as reduce-scatter + all-gather — see lesson.py, section 3")
+
+
+def bus_bandwidth(kind: str, nbytes: float, seconds: float, n: int) -> float:
+    """busbw = algbw * factor(kind, n), algbw = nbytes / seconds (nccl-tests' definitions).
+
+    kind: "all_reduce" (factor 2(n-1)/n), "all_gather" or "reduce_scatter" ((n-1)/n).
+    nbytes: the collective's size S as nccl-tests counts it (the all-reduce buffer, the
+    whole all-gather output, the whole reduce-scatter input). n: ranks. Bytes per second.
+    """
+    raise NotImplementedError("Exercise 1.4: bus bandwidth from algorithm bandwidth — see lesson.py, section 5")
