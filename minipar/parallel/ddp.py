@@ -54,6 +54,7 @@ class Bucket:
     buffer: np.ndarray  # [flat.numel], the parameters' dtype
     units: frozenset  # units whose backward must end before the bucket is final
     work: Optional[Work] = None  # the all-reduce in flight
+    launched_after: Optional[str] = None  # the unit whose backward_post launched it (last pass)
 
 
 class DistributedDataParallel(DataParallelEngine):
@@ -153,6 +154,7 @@ class DistributedDataParallel(DataParallelEngine):
             return
         while (self._next_bucket < len(self.buckets)
                and self.buckets[self._next_bucket].units <= self._done):
+            self.buckets[self._next_bucket].launched_after = unit
             self._launch(self.buckets[self._next_bucket])
             self._next_bucket += 1
         if unit == ROOT:  # the end of the backward: wait for every bucket

@@ -121,3 +121,24 @@ def test_no_sync_accumulates_without_communication(dpkit):
         model.loss_and_grad(ids, tgt)
         for p in model.parameters():
             dpkit.assert_close(g0[p.name], p.grad, atol_scale=dpkit.GRAD_ATOL_SCALE)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cap_mb", [1e-4, 2e-3, 25.0])
+def test_each_bucket_records_the_unit_whose_backward_launched_it(dpkit, cap_mb):
+    """A bucket is launched at the backward_post of the last of its units to finish."""
+    cfg = dpkit.tiny_config(num_layers=3)
+
+    def program(ctx):
+        model = GPT(cfg)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=cap_mb, **dpkit.OPT)
+        order = []
+        model.hooks.register("backward_post", order.append)
+        ids = np.arange(16).reshape(8, 2) % cfg.vocab_size
+        model.loss_and_grad(ids, ids)
+        return [(sorted(b.units), b.launched_after) for b in ddp.buckets], order
+
+    buckets, order = mp.launch(program, 2)[0]
+    assert len(buckets) > 1 or cap_mb == 25.0
+    for units, after in buckets:
+        assert after == max(units, key=order.index)
