@@ -47,6 +47,10 @@ def _lessons(args: argparse.Namespace) -> int:
         lessons = all_lessons()
         for lesson in lessons:
             print(f"{lesson.number}  {lesson.title.split(' — ', 1)[-1]:<34} {lesson.summary}")
+        bank = lessons[0].directory.parent / "interview" / "bank.py" if lessons else None
+        if bank is not None and bank.is_file():
+            print(f"    {'Interview bank':<34} questions on the lessons, answers computed by "
+                  f"minipar: python {bank}")
         print(f"\n{len(lessons)} lessons in {lessons[0].directory.parent if lessons else '-'}; "
               "`minipar lessons open NN` shows one's files, `minipar grade NN` grades "
               "your exercise.py")

@@ -122,7 +122,8 @@ def test_sequence_parallel_layer_trades_each_all_reduce_for_a_gather_and_a_scatt
 
 def test_bytes_sent_per_layer_equal_the_ring_formula():
     """What a rank sends per layer: 4 all-reduces of S = sbh bytes over t ranks on a ring,
-    2 (t-1)/t S each; with SP the forward sends the same, (t-1)/t S per gather or scatter."""
+    2 (t-1)/t S each; with SP the forward sends the same, (t-1)/t S per gather or scatter,
+    and the backward 1.5x as much plus the small gradient all-reduce."""
     s, b, h, t = 8, 2, 16, 4
     cfg = GPTConfig(vocab_size=16, seq_len=s, hidden=h, num_heads=4, num_layers=1)
     S = s * b * h * 8
@@ -144,3 +145,7 @@ def test_bytes_sent_per_layer_equal_the_ring_formula():
     assert sent(False, "forward") == pytest.approx(2 * 2 * (t - 1) / t * S)
     assert sent(False, "backward") == pytest.approx(2 * 2 * (t - 1) / t * S)
     assert sent(True, "forward") == pytest.approx(4 * (t - 1) / t * S)
+    # backward: RS x 2 + AG x 2 (the conjugates) + AG x 2 (inputs rebuilt for wgrad),
+    # and the LayerNorm/bias gradients' all-reduce of 6h float64 elements
+    assert sent(True, "backward") == pytest.approx(6 * (t - 1) / t * S
+                                                   + 2 * (t - 1) / t * 6 * h * 8)
