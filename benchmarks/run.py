@@ -4,9 +4,12 @@
 
 prints every ratio: the simulated backend's all_reduce against bare NumPy, the barrier
 latency against a bare threading.Barrier, a single-device GPT training step's model
-FLOP/s against bare np.matmul's (benchmarks/bench_model.py), and, when mpi4py and mpiexec
-are installed (the [mpi] extra), the MPI backend's all_reduce against raw mpi4py, by
-running `mpiexec -n 4 python benchmarks/bench_mpi.py`.
+FLOP/s against bare np.matmul's (benchmarks/bench_model.py), the wall time of a
+data-parallel step on 4 simulated ranks against one device (benchmarks/bench_dp.py), the
+wall time of a 2 x 2 (dp x tp) tensor-parallel step against one device
+(benchmarks/bench_tp.py), and, when mpi4py and mpiexec are installed (the [mpi] extra),
+the MPI backend's all_reduce against raw mpi4py, by running
+`mpiexec -n 4 python benchmarks/bench_mpi.py`.
 
 Nothing here is asserted in tests: wall-clock numbers depend on the machine.
 """
@@ -28,6 +31,7 @@ import minipar as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dp import main as dp_benchmark  # noqa: E402  (benchmarks/bench_dp.py)
 from bench_model import gpt_step_efficiency  # noqa: E402  (benchmarks/bench_model.py)
+from bench_tp import main as tp_benchmark  # noqa: E402  (benchmarks/bench_tp.py)
 
 
 def allreduce_sim(world: int, nbytes: int, iters: int) -> float:
@@ -92,7 +96,7 @@ def barrier_floor(world: int, iters: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--only", choices=("runtime", "model", "dp", "mpi"),
+    ap.add_argument("--only", choices=("runtime", "model", "dp", "tp", "mpi"),
                     help="run one group of benchmarks (default: all)")
     args = ap.parse_args()
     if args.only in (None, "runtime"):
@@ -101,6 +105,8 @@ def main() -> None:
         print(gpt_step_efficiency(max(args.repeats, 7)))
     if args.only in (None, "dp"):
         dp_benchmark([])
+    if args.only in (None, "tp"):
+        tp_benchmark([])
     if args.only in (None, "mpi"):
         print(mpi_benchmark())
 
