@@ -63,6 +63,8 @@ def exercise(number: str, title: str) -> Callable:
 
 
 def _show(a: np.ndarray) -> str:
+    if a.ndim == 0:
+        return repr(a.item())
     text = np.array2string(a, precision=6, threshold=12, edgeitems=3, max_line_width=88)
     return f"{text} (shape {a.shape}, {a.dtype})"
 
@@ -84,10 +86,12 @@ def expect_close(received: Any, expected: Any, *, what: str, rank: Optional[int]
     if bad.any():
         i = np.unravel_index(int(np.argmax(np.where(bad, np.abs(rf - ef), -1.0))), r.shape)
         at = f" at index {tuple(int(k) for k in i)}" if r.ndim else ""
-        raise GradeFailure(
-            f"{where}{what}: expected {_show(e)}\n    but received {_show(r)}\n"
-            f"    ({int(bad.sum())} of {bad.size} elements differ; the largest difference is "
-            f"{float(np.abs(rf - ef)[i]):.3g}{at}). {hint}".rstrip())
+        off = float(np.abs(rf - ef)[i])
+        detail = (f"off by {off:.3g}" if r.ndim == 0 else
+                  f"{int(bad.sum())} of {bad.size} elements differ; the largest difference "
+                  f"is {off:.3g}{at}")
+        raise GradeFailure(f"{where}{what}: expected {_show(e)}\n    but received {_show(r)}\n"
+                           f"    ({detail}). {hint}".rstrip())
 
 
 def expect_equal(received: Any, expected: Any, *, what: str, rank: Optional[int] = None,
@@ -191,7 +195,7 @@ class GradeReport:
 def _falsifying(exc: BaseException) -> str:
     """hypothesis's shrunk example, as `name=value, ...` without the implementation."""
     for note in getattr(exc, "__notes__", []):
-        if note.startswith("Falsifying example"):
+        if note.startswith(("Falsifying example", "Failing test case")):  # old, new wording
             args = [ln.split("  #")[0].strip().rstrip(",") for ln in note.splitlines()[1:]]
             args = [a for a in args if a and a != ")" and not a.startswith(("impl=", "#"))]
             return ", ".join(args)
