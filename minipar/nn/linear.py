@@ -45,7 +45,7 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None,
                          f"(w: [out, in] = {w.shape})")
     y = _tokens_matmul(x, w.T, label)  # y: [..., out]
     if b is not None:
-        y = _add_bias(y, b)
+        y = add_bias(y, b)
     return y, Saved(label or "linear", x=x, label=label)
 
 
@@ -60,7 +60,7 @@ def _tokens_matmul(x: np.ndarray, w: np.ndarray, label: str) -> np.ndarray:
     return y.reshape(x.shape[:-1] + (w.shape[-1],))
 
 
-def _add_bias(y: np.ndarray, b: np.ndarray) -> np.ndarray:
+def add_bias(y: np.ndarray, b: np.ndarray) -> np.ndarray:
     """y + b, in place when that gives the same dtype (y is matmul's new array)."""
     if np.result_type(y, b) == y.dtype:
         y += b

@@ -36,7 +36,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..nn.linear import linear_backward_input, linear_backward_weight, linear_forward
+from ..nn.linear import (add_bias, linear_backward_input, linear_backward_weight,
+                         linear_forward)
 from ..nn.matmul import compute_dtype
 from ..nn.parameter import Parameter, init_normal
 from ..nn.saved import Saved
@@ -202,7 +203,7 @@ class RowParallelLinear:
         else:
             y = reduce_from_tensor_model_parallel_region.forward(y_partial, self.group)
         if self.bias is not None and not self.skip_bias_add:
-            y = y + self.bias.data  # y: [s, b, out] ([s/t, b, out])
+            y = add_bias(y, self.bias.data)  # y: [s, b, out] ([s/t, b, out]), a new array
         out_bias = self.bias.data if (self.bias is not None and self.skip_bias_add) else None
         return (y, out_bias), s_lin
 
