@@ -102,6 +102,34 @@ def single_device_steps(cfg: GPTConfig, ids, tgt, steps: int) -> list[float]:
     return times
 
 
+def timed_steps(model, engine, x, y, steps: int, profile: bool) -> tuple[list, str]:
+    """Wall seconds of `steps` training steps on this rank, each between two barriers (so
+    a step lasts until the slowest rank is done), after one untimed warm-up step; with
+    `profile`, also a cProfile of the timed steps (by cumulative and by own time)."""
+    prof = cProfile.Profile() if profile else None
+    times = []
+    for i in range(steps + 1):
+        mp.barrier()
+        if prof is not None and i:
+            prof.enable()
+        t0 = time.perf_counter()
+        model.loss_and_grad(x, y)
+        engine.step()
+        engine.zero_grad()
+        mp.barrier()
+        if i:
+            times.append(time.perf_counter() - t0)
+        if prof is not None and i:
+            prof.disable()
+    if prof is None:
+        return times, ""
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(35)
+    out.write("\n  by own time:\n")
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
+    return times, out.getvalue()
+
+
 def dp_steps(cfg: GPTConfig, ids, tgt, steps: int, stage: Optional[int],
              profile: bool = False) -> tuple[list[float], str]:
     """Wall seconds of `steps` data-parallel steps on WORLD ranks (after a warm-up), timed
@@ -113,26 +141,7 @@ def dp_steps(cfg: GPTConfig, ids, tgt, steps: int, stage: Optional[int],
         engine = (AdamW(model.parameters(), **OPT) if stage is None
                   else zero_engine(model, stage=stage, **OPT))
         x, y = split_data_parallel(ids, tgt, ctx.rank, WORLD)
-        prof = cProfile.Profile() if profile and ctx.rank == 0 else None
-        times = []
-        for i in range(steps + 1):
-            mp.barrier()
-            if prof is not None and i:
-                prof.enable()
-            t0 = time.perf_counter()
-            model.loss_and_grad(x, y)
-            engine.step()
-            engine.zero_grad()
-            mp.barrier()
-            if i:
-                times.append(time.perf_counter() - t0)
-            if prof is not None and i:
-                prof.disable()
-        if prof is None:
-            return times, ""
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(30)
-        return times, out.getvalue()
+        return timed_steps(model, engine, x, y, steps, profile and ctx.rank == 0)
 
     return mp.launch(program, WORLD)[0]
 

@@ -32,10 +32,7 @@ Nothing here is asserted in tests: wall-clock numbers depend on the machine.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import os
-import pstats
 import statistics
 import sys
 import time
@@ -50,7 +47,7 @@ from minipar.parallel.tensor_gpt import TensorParallelGPT
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dp import (OPT, WALL_BATCH, WALL_CONFIG, batch, blas_threads,  # noqa: E402
-                      single_device_steps)
+                      single_device_steps, timed_steps)
 
 DP, TP = 2, 2
 TARGET = 1.5
@@ -76,28 +73,7 @@ def mesh_steps(cfg, ids, tgt, steps: int, stage: Optional[int], sequence_paralle
                   else zero_engine(model, stage=stage, process_group=dp,
                                    optimizer_cls=AdamW, **OPT))
         x, y = split_data_parallel(ids, tgt, dp_rank, DP)
-        prof = cProfile.Profile() if profile and ctx.rank == 0 else None
-        times = []
-        for i in range(steps + 1):
-            mp.barrier()
-            if prof is not None and i:
-                prof.enable()
-            t0 = time.perf_counter()
-            model.loss_and_grad(x, y)
-            engine.step()
-            engine.zero_grad()
-            mp.barrier()
-            if i:
-                times.append(time.perf_counter() - t0)
-            if prof is not None and i:
-                prof.disable()
-        if prof is None:
-            return times, ""
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(35)
-        out.write("\n  by own time:\n")
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
-        return times, out.getvalue()
+        return timed_steps(model, engine, x, y, steps, profile and ctx.rank == 0)
 
     return mp.launch(program, DP * TP)[0]
 
