@@ -52,6 +52,11 @@ class Block:
                 + self.mlp.parameters())
 
     # ---- forward ----------------------------------------------------------------------
+    def residual_rng(self, rng):
+        """The generator the two residual dropouts draw from: `rng` itself here; a layer
+        whose residual stream is split (sequence parallelism) hands out its slice."""
+        return rng
+
     def forward(self, x: np.ndarray, rng: np.random.Generator):
         """y, saved = block.forward(x, rng), honouring the block's recompute mode."""
         if self.recompute == "full":
@@ -64,11 +69,11 @@ class Block:
     def _forward(self, x: np.ndarray, rng: np.random.Generator, selective: bool):
         a_in, s_ln1 = self.ln1.forward(x)  # a_in: [s, b, h]
         a_out, s_attn = self.attn.forward(a_in, rng, selective)  # a_out: [s, b, h]
-        a_drop, s_d1 = dropout_forward(a_out, self.dropout, rng)
+        a_drop, s_d1 = dropout_forward(a_out, self.dropout, self.residual_rng(rng))
         x1 = x + a_drop  # x1: [s, b, h]
         m_in, s_ln2 = self.ln2.forward(x1)
         m_out, s_mlp = self.mlp.forward(m_in, rng)
-        m_drop, s_d2 = dropout_forward(m_out, self.dropout, rng)
+        m_drop, s_d2 = dropout_forward(m_out, self.dropout, self.residual_rng(rng))
         return x1 + m_drop, (s_ln1, s_attn, s_d1, s_ln2, s_mlp, s_d2)
 
     # ---- backward ---------------------------------------------------------------------

@@ -66,3 +66,15 @@ def release_all(*saved: Any) -> None:
             s.release()
         elif isinstance(s, (list, tuple)):
             release_all(*s)
+
+
+def saved_nbytes(*saved: Any) -> int:
+    """Bytes held by every Saved in (possibly nested lists and tuples of) `saved`: what a
+    forward's cache keeps for the backward."""
+    total = 0
+    for s in saved:
+        if isinstance(s, Saved):
+            total += s.nbytes()
+        elif isinstance(s, (list, tuple)):
+            total += saved_nbytes(*s)
+    return total

@@ -24,22 +24,21 @@ Dropout masks come from a `TensorParallelRNG`: the attention probabilities' mask
 rank's heads of the single-device mask; the residual dropouts' mask is the whole
 single-device mask (replicated) or, with sequence parallelism, this rank's sequence slice.
 
-Activation recomputation as in nn.block: "selective" keeps Q, K, V and recomputes the
-attention core; "full" keeps the layer's input and the RNG, and runs the layer's forward —
-collectives included — again in backward.
+Activation recomputation is nn.Block's, which ParallelTransformerLayer inherits:
+"selective" keeps Q, K, V and recomputes the attention core; "full" keeps the layer's input
+and a copy of the generator, and runs the layer's forward — collectives included — again
+in backward.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Optional
 
 import numpy as np
 
 from ..nn.attention import core_attention_backward, core_attention_forward
-from ..nn.dropout import dropout_backward, dropout_forward
+from ..nn.block import Block
 from ..nn.gelu import gelu_backward, gelu_forward
-from ..nn.saved import Saved, release_all
 from ..runtime.group import ProcessGroup
 from .random import TensorParallelRNG
 from .sequence import SequenceParallelGrads, SequenceParallelLayerNorm
@@ -106,10 +105,14 @@ class ParallelMLP:
         return self.fc1.backward(gelu_backward(dg, s_act), s1)
 
 
-class ParallelTransformerLayer:
+class ParallelTransformerLayer(Block):
     """A pre-LN block whose attention and MLP are tensor-parallel; x: [s, b, h] or, with
     sequence parallelism, [s/t, b, h]. `sp_grads` collects the partial gradients of its
-    LayerNorms and row-parallel biases (the model flushes it after the backward)."""
+    LayerNorms and row-parallel biases (the model flushes it after the backward).
+
+    The forward, the backward and the recomputation modes are nn.Block's, run on these
+    sub-layers; only where the residual dropouts draw their masks differs.
+    """
 
     def __init__(self, name: str, cfg, group: ProcessGroup, sequence_parallel: bool,
                  recompute: str):
@@ -125,41 +128,8 @@ class ParallelTransformerLayer:
         self.mlp = ParallelMLP(f"{name}.mlp", cfg, group, sequence_parallel, self.sp_grads,
                                out_std)
 
-    def parameters(self) -> list:
-        return (self.ln1.parameters() + self.attn.parameters() + self.ln2.parameters()
-                + self.mlp.parameters())
-
     def residual_rng(self, rng: TensorParallelRNG):
         """The residual dropouts' generator: replicated, or this rank's sequence slice."""
         if self.sequence_parallel:
             return rng.sharded(axis=0, batch_axis=1)
         return rng.replicated(batch_axis=1)
-
-    def forward(self, x: np.ndarray, rng: TensorParallelRNG):
-        if self.recompute == "full":
-            replay = copy.deepcopy(rng)  # the same masks again in backward
-            y, inner = self._forward(x, rng, selective=False)
-            release_all(inner)
-            return y, Saved(f"{self.name}.input", x=x, replay=replay)
-        return self._forward(x, rng, selective=self.recompute == "selective")
-
-    def _forward(self, x: np.ndarray, rng: TensorParallelRNG, selective: bool):
-        a_in, s_ln1 = self.ln1.forward(x)  # a_in: like x
-        a_out, s_attn = self.attn.forward(a_in, rng, selective)  # a_out: like x
-        a_drop, s_d1 = dropout_forward(a_out, self.dropout, self.residual_rng(rng))
-        x1 = x + a_drop  # x1: like x
-        m_in, s_ln2 = self.ln2.forward(x1)
-        m_out, s_mlp = self.mlp.forward(m_in)
-        m_drop, s_d2 = dropout_forward(m_out, self.dropout, self.residual_rng(rng))
-        return x1 + m_drop, (s_ln1, s_attn, s_d1, s_ln2, s_mlp, s_d2)
-
-    def backward(self, dy: np.ndarray, saved) -> np.ndarray:
-        if self.recompute == "full":
-            x, rng = saved.x, saved.replay
-            saved.release()
-            _, saved = self._forward(x, rng, selective=False)  # forward again, collectives too
-        s_ln1, s_attn, s_d1, s_ln2, s_mlp, s_d2 = saved
-        dm_out = dropout_backward(dy, s_d2)
-        dx1 = dy + self.ln2.backward(self.mlp.backward(dm_out, s_mlp), s_ln2)
-        da_out = dropout_backward(dx1, s_d1)
-        return dx1 + self.ln1.backward(self.attn.backward(da_out, s_attn), s_ln1)

@@ -8,7 +8,7 @@ import minipar as mp
 from minipar.nn.config import GPTConfig
 from minipar.nn.gpt import GPT
 from minipar.nn.gradcheck import gradcheck
-from minipar.nn.saved import Saved
+from minipar.nn.saved import release_all, saved_nbytes
 from minipar.plan import (activation_bytes_per_layer, model_flops, model_flops_full_recompute,
                           selective_recompute_extra_flops)
 
@@ -27,20 +27,8 @@ def loss_fn(model, ids, tgt, seed):
     return f
 
 
-def _release(x):
-    if isinstance(x, Saved):
-        x.release()
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            _release(y)
-
-
-def saved_bytes(x) -> int:
-    if isinstance(x, Saved):
-        return x.nbytes()
-    if isinstance(x, (list, tuple)):
-        return sum(saved_bytes(y) for y in x)
-    return 0
+_release = release_all
+saved_bytes = saved_nbytes
 
 
 # ---- configuration --------------------------------------------------------------------

@@ -7,17 +7,12 @@ import pytest
 
 import minipar as mp
 from minipar.nn import GPTConfig
-from minipar.nn.saved import Saved
+from minipar.nn.saved import saved_nbytes
 from minipar.parallel.tensor_gpt import TensorParallelGPT
 from minipar.plan import activation_bytes_per_layer
 
 
-def saved_bytes(x) -> int:
-    if isinstance(x, Saved):
-        return x.nbytes()
-    if isinstance(x, (list, tuple)):
-        return sum(saved_bytes(y) for y in x)
-    return 0
+saved_bytes = saved_nbytes
 
 
 def layer_bytes(cfg, t, sp, b):
