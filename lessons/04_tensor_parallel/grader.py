@@ -17,9 +17,11 @@ SEED = st.integers(0, 2**16)
 
 
 def tp_group():
-    """The tensor-parallel group: every rank of the (small) world, as Megatron's tp group
-    of one node."""
-    return mp.new_group(range(mp.get_world_size()), "tp")
+    """This rank's tensor-parallel group on a (2, tp) mesh ("dp", "tp"): two groups of
+    consecutive ranks, each running the same check, so that an answer which ignores
+    `group` and reduces over the whole world is caught (its sums come out doubled)."""
+    world = mp.get_world_size()
+    return mp.init_device_mesh((2, world // 2), ("dp", "tp")).get_group("tp", mp.get_rank())
 
 
 def bias_values(n: int) -> np.ndarray:
@@ -29,10 +31,10 @@ def bias_values(n: int) -> np.ndarray:
 
 @exercise("4.1", "the column-parallel linear layer and its f")
 @SETTINGS
-@given(world_size=WORLD, s=st.integers(1, 3), b=st.integers(1, 2),
+@given(tp=WORLD, s=st.integers(1, 3), b=st.integers(1, 2),
        n_in=st.integers(1, 5), out_per_rank=st.integers(1, 3), seed=SEED)
-def check_column_parallel_linear(impl, world_size, s, b, n_in, out_per_rank, seed):
-    t, n_out = world_size, out_per_rank * world_size
+def check_column_parallel_linear(impl, tp, s, b, n_in, out_per_rank, seed):
+    t, n_out = tp, out_per_rank * tp
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((s, b, n_in))  # the same input on every rank
     dy = rng.standard_normal((s, b, n_out))  # dL/dy of the whole layer; rank r gets a slice
@@ -63,15 +65,15 @@ def check_column_parallel_linear(impl, world_size, s, b, n_in, out_per_rank, see
                      hint="every rank used the whole x, so dx is the SUM over ranks of "
                           "dy_r W_r: f's backward is an all-reduce")
 
-    on_ranks(program, world_size)
+    on_ranks(program, 2 * tp)
 
 
 @exercise("4.2", "the row-parallel linear layer and its g")
 @SETTINGS
-@given(world_size=WORLD, s=st.integers(1, 3), b=st.integers(1, 2),
+@given(tp=WORLD, s=st.integers(1, 3), b=st.integers(1, 2),
        in_per_rank=st.integers(1, 3), n_out=st.integers(1, 5), seed=SEED)
-def check_row_parallel_linear(impl, world_size, s, b, in_per_rank, n_out, seed):
-    t, n_in = world_size, in_per_rank * world_size
+def check_row_parallel_linear(impl, tp, s, b, in_per_rank, n_out, seed):
+    t, n_in = tp, in_per_rank * tp
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((s, b, n_in))  # the whole input; rank r gets a slice
     dy = rng.standard_normal((s, b, n_out))  # the same dL/dy on every rank
@@ -103,15 +105,15 @@ def check_row_parallel_linear(impl, world_size, s, b, in_per_rank, n_out, seed):
                      hint="db = dy summed over the tokens; dy is already whole on every "
                           "rank, so nothing to reduce")
 
-    on_ranks(program, world_size)
+    on_ranks(program, 2 * tp)
 
 
 @exercise("4.3", "cross-entropy over a vocabulary split across ranks")
 @SETTINGS
-@given(world_size=WORLD, s=st.integers(1, 3), b=st.integers(1, 2),
+@given(tp=WORLD, s=st.integers(1, 3), b=st.integers(1, 2),
        vocab_per_rank=st.integers(1, 4), seed=SEED)
-def check_vocab_parallel_cross_entropy(impl, world_size, s, b, vocab_per_rank, seed):
-    t, V = world_size, vocab_per_rank * world_size
+def check_vocab_parallel_cross_entropy(impl, tp, s, b, vocab_per_rank, seed):
+    t, V = tp, vocab_per_rank * tp
     rng = np.random.default_rng(seed)
     # logits with a wide range, so that a max over one shard only is not the global max
     logits = rng.standard_normal((s, b, V)) * 4 + np.arange(V) / V
@@ -142,15 +144,15 @@ def check_vocab_parallel_cross_entropy(impl, world_size, s, b, vocab_per_rank, s
         expect_equal(len(comm) <= 3, True, rank=r, what=f"at most three all-reduces "
                      f"(issued {len(comm)})", hint="max, target logit, sum of exponentials")
 
-    on_ranks(program, world_size)
+    on_ranks(program, 2 * tp)
 
 
 @exercise("4.4", "sequence-parallel LayerNorm gradients")
 @SETTINGS
-@given(world_size=WORLD, tokens_per_rank=st.integers(1, 3), b=st.integers(1, 2),
+@given(tp=WORLD, tokens_per_rank=st.integers(1, 3), b=st.integers(1, 2),
        h=st.integers(3, 6), seed=SEED)
-def check_sequence_parallel_layernorm(impl, world_size, tokens_per_rank, b, h, seed):
-    t, s = world_size, tokens_per_rank * world_size
+def check_sequence_parallel_layernorm(impl, tp, tokens_per_rank, b, h, seed):
+    t, s = tp, tokens_per_rank * tp
     rng = np.random.default_rng(seed)
     # every position of the sequence on its own scale, so that each rank's part differs
     x = rng.standard_normal((s, b, h)) * (1 + np.arange(s))[:, None, None] + 0.3
@@ -177,4 +179,4 @@ def check_sequence_parallel_layernorm(impl, world_size, tokens_per_rank, b, h, s
         expect_close(db, dbeta, rank=r, what="dbeta of sequence_parallel_layernorm_grads",
                      hint="all-reduce the partial Σ dy over the group")
 
-    on_ranks(program, world_size)
+    on_ranks(program, 2 * tp)
