@@ -9,7 +9,7 @@
 
 Every rank of a tensor-parallel group runs this program on the same tokens and holds 1/t
 of every weight matrix; the loss, and the gradients gathered across the group, equal the
-single-device model's (tests/parallel/test_tensor_equivalence.py). The position embedding
+single-device model's (tests/parallel/test_tp_equivalence.py). The position embedding
 (s·h), the LayerNorms and the row-parallel biases are replicated on every rank.
 
 The model has GPT's interface — `forward`, `backward`, `loss_and_grad`, `parameters`,
