@@ -43,7 +43,7 @@ from minipar.data import split_data_parallel
 from minipar.nn import GPT
 from minipar.optim import AdamW
 from minipar.parallel import zero_engine
-from minipar.parallel.tensor_gpt import TensorParallelGPT
+from minipar.parallel.tp.gpt import TensorParallelGPT
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dp import (OPT, WALL_BATCH, WALL_CONFIG, batch, blas_threads,  # noqa: E402

@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import argparse
 import math
-import shutil
 import sys
-import time
 from typing import Optional, Sequence
 
 from . import __version__
+from .course import grade
+from .data import load_corpus
+from .programs import lessons, train_report
+from .programs.incidents import INCIDENTS, get
+from .programs.tour import run_tour
+from .programs.train import TrainConfig, generate, train
 
 
 def _tour(args: argparse.Namespace) -> int:
-    from .tour import run_tour
-
     if args.megabytes <= 0:
         raise SystemExit("minipar tour: --megabytes must be positive")
     run_tour(nbytes=int(args.megabytes * (1 << 20)), trace_path=args.trace,
@@ -33,57 +35,15 @@ def _tour(args: argparse.Namespace) -> int:
 
 
 def _incident(args: argparse.Namespace) -> int:
-    from .incidents import get
-
     get(args.name).run(out=print)
     return 0
 
 
 def _lessons(args: argparse.Namespace) -> int:
-    from .course import all_lessons, build_exercises, find_lesson
-
-    action = args.action or "list"
-    if action == "list":
-        lessons = all_lessons()
-        for lesson in lessons:
-            print(f"{lesson.number}  {lesson.title.split(' — ', 1)[-1]:<34} {lesson.summary}")
-        bank = lessons[0].directory.parent / "interview" / "bank.py" if lessons else None
-        if bank is not None and bank.is_file():
-            print(f"    {'Interview bank':<34} questions on the lessons, answers computed by "
-                  f"minipar: python {bank}")
-        print(f"\n{len(lessons)} lessons in {lessons[0].directory.parent if lessons else '-'}; "
-              "`minipar lessons open NN` shows one's files, `minipar grade NN` grades "
-              "your exercise.py")
-        return 0
-    if action == "open":
-        if len(args.numbers) != 1:
-            raise SystemExit("minipar lessons open: name one lesson, e.g. `minipar lessons "
-                             "open 01`")
-        lesson = find_lesson(args.numbers[0])
-        print(f"{lesson.title}\n{lesson.summary}\n")
-        for which, what in (("lesson", "read and run it: python {p}  (or open it in Jupyter "
-                                       "with jupytext, or in VS Code as cells)"),
-                            ("exercise", "your answers go here; then: minipar grade "
-                                         f"{lesson.number}"),
-                            ("solution", "the answers, when you want them"),
-                            ("grader", "what `minipar grade` checks")):
-            p = lesson.path(which)
-            print(f"  {which + '.py':<12} {p}\n  {'':<12} {what.format(p=p)}")
-        return 0
-    lessons = [find_lesson(n) for n in args.numbers] or None
-    results = build_exercises(lessons, check=args.check, force=args.force)
-    words = {"unchanged": "up to date", "written": "written",
-             "differs": "differs from what solution.py generates",
-             "kept": "kept: it differs from what solution.py generates and may hold your "
-                     "answers (--force overwrites it)"}
-    for r in results:
-        print(f"{r.lesson.path('exercise')}: {words[r.status]}")
-    return 0 if all(r.ok for r in results) else 1
+    return lessons.run(args.action or "list", args.numbers, check=args.check, force=args.force)
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from .course import grade
-
     report = grade(args.lesson, args.impl)
     return 0 if report.passed else 1
 
@@ -109,39 +69,8 @@ _positive_float = _number(float, 0.0, True, "a positive number")
 _nonnegative_float = _number(float, 0.0, False, "a number >= 0")
 
 
-class _Progress:
-    """A one-line bar redrawn in place on a terminal; plain log lines every `every` steps
-    otherwise (CI logs stay readable). Both on `stream` (stderr)."""
-
-    def __init__(self, stream, every: int, width: int = 24):
-        self.stream, self.every, self.width = stream, every, width
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
-        self._last_draw = 0.0
-
-    def __call__(self, info) -> None:
-        loss = f"loss {info.loss:.4f}" + (" (skipped: fp16 overflow)" if info.skipped else "")
-        text = (f"step {info.step:>{len(str(info.steps))}}/{info.steps}  {loss}  "
-                f"lr {info.lr:.2e}  {info.tokens_per_second:,.0f} tok/s")
-        if self.tty:
-            now = time.monotonic()
-            if info.step < info.steps and now - self._last_draw < 0.1:
-                return  # redraw at most ten times a second
-            self._last_draw = now
-            done = round(self.width * info.step / info.steps)
-            bar = "#" * done + "." * (self.width - done)
-            line = f"[{bar}] {text}"[:shutil.get_terminal_size().columns - 1]  # never wrap
-            self.stream.write(f"\r{line}\033[K")
-            if info.step == info.steps:
-                self.stream.write("\n")
-        elif info.step % self.every == 0 or info.step in (1, info.steps) or info.skipped:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-
 def _check_train_flags(args: argparse.Namespace, warmup: int) -> None:
     """Checks across flags, reported in flag names the way argparse reports its own."""
-    from .data import load_corpus
-
     def divisors(n: int) -> str:
         return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
@@ -165,48 +94,7 @@ def _check_train_flags(args: argparse.Namespace, warmup: int) -> None:
                           f"{args.prompt!r} has {''.join(unknown) or 'no characters'!r}")
 
 
-def _train_summary(cfg, r) -> list[str]:
-    """What `minipar train` prints at the end: loss, simulated time, FLOPs, MFU, memory."""
-    from .runtime.ledger import fmt_bytes
-
-    n = min(5, cfg.steps)
-    m = r.model.cfg
-    flops = f"{r.model_flops_per_step:,.0f} a step: 72 B s l h^2 (1 + s/6h + V/12lh)"
-    if math.isclose(r.clock_flops_per_step, r.model_flops_per_step, rel_tol=1e-9):
-        flops += ", exactly what the clock was charged"
-    else:
-        flops += f"; the clock was charged {r.clock_flops_per_step:,.0f}"
-    memory = ", ".join(f"{c} {fmt_bytes(b)}" for c, b in r.ledger_peak.items() if c != "total")
-    lines = [
-        f"minipar train: GPT, {m.num_layers} layers, hidden {m.hidden}, {m.num_heads} heads, "
-        f"{m.vocab_size}-character vocabulary: {r.num_parameters:,} parameters in {cfg.dtype} "
-        f"on one simulated {r.device_name}",
-        f"  batches         {cfg.steps} steps of {cfg.global_batch} sequences x {cfg.seq_len} "
-        f"characters ({cfg.tokens_per_step:,} tokens), {cfg.num_microbatches} micro-batch"
-        f"{'es' if cfg.num_microbatches > 1 else ''} each",
-        f"  optimizer       AdamW, lr {cfg.lr:g}, {cfg.warmup_steps} warmup steps, cosine to "
-        f"{cfg.min_lr:g}, weight decay {cfg.weight_decay:g}, clip {cfg.clip:g}",
-        f"  loss            {r.first_loss(n):.4f} (mean of the first {n} steps) -> "
-        f"{r.last_loss(n):.4f} (mean of the last {n})",
-    ]
-    if cfg.dtype == "float16":
-        lines.append(f"  skipped steps   {r.skipped_steps} of {cfg.steps} (float16 gradients "
-                     f"overflowed); loss scale now {r.final_loss_scale:g}")
-    lines += [
-        f"  simulated time  {r.sim_step_time * 1e6:.3f} us a step on the device clock",
-        f"  model FLOPs     {flops}",
-        f"  simulated MFU   {100 * r.mfu:.1f} % of {r.peak_flops / 1e12:g} TFLOP/s {cfg.dtype}: "
-        "on one device by construction (only matmuls are charged to the clock)",
-        f"  memory peak     {memory}; total {fmt_bytes(r.ledger_peak['total'])}",
-        f"  wall time       {r.wall_time:.1f} s "
-        f"({cfg.steps * cfg.tokens_per_step / r.wall_time:,.0f} tokens/s on this machine)",
-    ]
-    return lines
-
-
 def _train(args: argparse.Namespace) -> int:
-    from .train import TrainConfig, generate, train
-
     warmup = args.warmup if args.warmup is not None else args.steps // 10
     _check_train_flags(args, warmup)
     try:
@@ -217,13 +105,13 @@ def _train(args: argparse.Namespace) -> int:
                           dtype=args.dtype, seed=args.seed)
     except ValueError as e:  # anything TrainConfig refuses that the checks above missed
         args.parser.error(str(e))
-    progress = None if args.quiet else _Progress(sys.stderr, cfg.log_every)
+    progress = None if args.quiet else train_report.Progress(sys.stderr, cfg.log_every)
     try:
         r = train(cfg, on_step=progress)
     except KeyboardInterrupt:
         sys.stderr.write("\nminipar train: interrupted\n")
         return 130
-    print("\n".join(_train_summary(cfg, r)))
+    print("\n".join(train_report.summary(cfg, r)))
     if args.sample:
         how = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}"
         text = generate(r.model, r.tokenizer, args.prompt, args.sample,
@@ -250,8 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--megabytes", type=float, default=4.0,
                    help="per-rank buffer size of the costed collectives, in MiB (4)")
     t.set_defaults(func=_tour)
-
-    from .incidents import INCIDENTS
 
     inc = sub.add_parser("incident", help="run one of the seeds' incident cases on simulated "
                                           "GPUs and show what went wrong and what fixes it",

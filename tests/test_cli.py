@@ -85,7 +85,7 @@ def test_the_tour_uses_the_equivalence_tests_tolerance():
     import ast
     from pathlib import Path
 
-    from minipar.tour import DP_ATOL_SCALE, DP_RTOL
+    from minipar.programs.tour import DP_ATOL_SCALE, DP_RTOL
 
     tree = ast.parse((Path(__file__).parent / "parallel" / "conftest.py").read_text())
     consts = {t.id: ast.literal_eval(node.value) for node in tree.body

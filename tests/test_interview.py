@@ -338,7 +338,7 @@ def test_the_example_data_separate_right_from_common_wrong_formulas():
 def test_the_layernorm_gradient_answer():
     """Without the all-reduce: loss right, other gradients exact, replicated parameters'
     gradients wrong by tens of percent; with it: exact. The patch is undone afterwards."""
-    from minipar.parallel.sequence import SequenceParallelGrads
+    from minipar.parallel.tp.sequence import SequenceParallelGrads
 
     flush = SequenceParallelGrads.flush
     v = bank.sp_grad_run(4)

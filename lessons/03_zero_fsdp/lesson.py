@@ -28,7 +28,7 @@
 import numpy as np
 
 import minipar as mp
-from minipar.incidents import zero3_recompute
+from minipar.programs.incidents import zero3_recompute
 from minipar.nn import GPT, GPTConfig, Parameter
 from minipar.optim import AdamW
 from minipar.parallel import FullyShardedDataParallel, ShardingStrategy, zero_engine

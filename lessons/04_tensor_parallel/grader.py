@@ -10,7 +10,7 @@ from minipar.course.grading import SETTINGS, exercise, expect_close, expect_equa
 from minipar.nn.cross_entropy import cross_entropy_forward
 from minipar.nn.layernorm import layernorm_backward
 from minipar.nn.saved import Saved
-from minipar.parallel.tensor import ColumnParallelLinear, RowParallelLinear
+from minipar.parallel.tp.layers import ColumnParallelLinear, RowParallelLinear
 
 WORLD = st.integers(1, 4)
 SEED = st.integers(0, 2**16)

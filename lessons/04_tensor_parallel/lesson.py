@@ -31,16 +31,16 @@ from collections import Counter
 import numpy as np
 
 import minipar as mp
-from minipar.incidents import tp_across_nodes
+from minipar.programs.incidents import tp_across_nodes
 from minipar.nn import Block, Embedding, GPTConfig, Linear
 from minipar.nn.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from minipar.nn.gelu import gelu_backward, gelu_forward
 from minipar.nn.linear import linear_backward_input, linear_forward
-from minipar.parallel.mappings import MAPPINGS
-from minipar.parallel.random import TensorParallelRNG
-from minipar.parallel.tensor import ColumnParallelLinear, RowParallelLinear, gather_parameter
-from minipar.parallel.tensor_block import ParallelTransformerLayer
-from minipar.parallel.vocab import (VocabParallelEmbedding, vocab_parallel_cross_entropy,
+from minipar.parallel.tp.mappings import MAPPINGS
+from minipar.parallel.tp.random import TensorParallelRNG
+from minipar.parallel.tp.layers import ColumnParallelLinear, RowParallelLinear, gather_parameter
+from minipar.parallel.tp.block import ParallelTransformerLayer
+from minipar.parallel.tp.vocab import (VocabParallelEmbedding, vocab_parallel_cross_entropy,
                                     vocab_parallel_cross_entropy_backward)
 from minipar.plan import activation_bytes_per_layer
 
@@ -165,7 +165,7 @@ for i, mapping in enumerate(MAPPINGS):
 # is a split; an all-reduce pairs with the identity; reduce-scatter pairs with all-gather.
 # Each backward is the *adjoint* of its forward, ⟨F(x), y⟩ = ⟨x, B(y)⟩ summed the right
 # way over ranks, which is exactly what makes B the gradient of F
-# (`tests/parallel/test_tp_mappings.py` checks that identity for all seven). On a group of
+# (`tests/parallel/tp/test_mappings.py` checks that identity for all seven). On a group of
 # one rank both halves are the identity and no collective is issued.
 #
 # Now the MLP's backward, from the program of section 1. In minipar's layout the weights
@@ -419,7 +419,7 @@ print(f"the ranks' two dγ differ from each other by up to "
 # Leave that all-reduce out and nothing crashes, and the loss is still right: the ranks
 # simply apply different updates to what should be one LayerNorm, and the "same" parameter
 # drifts apart across the tensor-parallel group from the first step on
-# (`tests/parallel/test_sequence_parallel.py` removes it and watches the equivalence with
+# (`tests/parallel/tp/test_sequence_parallel.py` removes it and watches the equivalence with
 # one device fail). Megatron tags these parameters `sequence_parallel = True` and
 # all-reduces their gradients after the backward. Exercise 4.4 is this LayerNorm backward.
 #

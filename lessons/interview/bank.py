@@ -29,11 +29,11 @@ from typing import Callable, Optional
 import numpy as np
 
 import minipar as mp
-from minipar.incidents import tp_across_nodes, zero3_recompute
+from minipar.programs.incidents import tp_across_nodes, zero3_recompute
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel import zero_engine
-from minipar.parallel.sequence import SequenceParallelGrads
-from minipar.parallel.tensor_gpt import TensorParallelGPT
+from minipar.parallel.tp.sequence import SequenceParallelGrads
+from minipar.parallel.tp.gpt import TensorParallelGPT
 from minipar.plan import (activation_bytes_per_layer, dp_comm_elements, flat_padding,
                           model_flops, model_flops_full_recompute, model_state_bytes,
                           selective_recompute_extra_flops, zero_figure1)

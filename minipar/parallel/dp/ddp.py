@@ -1,0 +1,205 @@
+"""DistributedDataParallel: every rank holds the whole model; gradients are all-reduced in
+buckets while the backward is still running.
+
+    g = all_reduce(g_r, op="avg")  =  (1/N) sum_r g_r               (on every rank)
+
+(PyTorch DDP, Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data
+Parallel Training", sections 3.2 and 4.2.) What it does, in order:
+
+1. At construction the parameters are broadcast from the group's first rank. They are
+   already equal (initialisation depends on the seed and the name only), but DDP broadcasts
+   anyway: a model loaded or perturbed on one rank must not silently diverge.
+2. Gradients live in *buckets*: flat buffers of about `bucket_cap_mb` MiB, filled in reverse
+   unit order (the order backward produces gradients: last block first, root last). Each
+   parameter's `grad` is a view of its bucket (PyTorch's gradient_as_bucket_view), so
+   backward accumulates straight into the buffer that is communicated.
+3. When a unit's backward ends (`backward_post`), every bucket whose parameters are all
+   final is launched: `all_reduce(bucket, "avg", async_op=True)`. It runs on the group's
+   communication stream while the backward of the earlier units goes on: on the simulated
+   clock the all-reduce overlaps the remaining backward compute.
+4. At the end of the backward (the root's `backward_post`, as PyTorch's final autograd
+   callback) every bucket is waited on, so the optimizer step sees averaged gradients.
+5. `no_sync()`: backward passes inside only accumulate into the buckets; the first backward
+   outside all-reduces the sum (gradient accumulation over k micro-batches, one all-reduce).
+
+Memory (bf16 weights, float32 master and Adam moments): 2Psi weights + 2Psi buckets +
+12Psi optimizer states = 16Psi bytes per rank, with no padding (an all-reduce needs none).
+Traffic per step, ring all-reduce: 2(N-1)/N * Psi elements sent by each rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from ...optim.adam import AdamW
+from ...runtime.collectives import Work, all_reduce, broadcast
+from ...runtime.context import current
+from ...runtime.group import ProcessGroup
+from .engine import ROOT, DataParallelEngine, _check_optimizer
+from .flat import FlatParameter
+from .sharded_optimizer import OwnedPiece, ShardedOptimizer
+
+MIB = 2 ** 20  # bucket_cap_mb counts MiB, as in PyTorch
+
+
+@dataclass
+class Bucket:
+    """Gradients of some parameters, end to end: buffer [numel], grad views into it."""
+
+    index: int
+    flat: FlatParameter  # the layout (world=1: no padding)
+    buffer: np.ndarray  # [flat.numel], the parameters' dtype
+    units: frozenset  # units whose backward must end before the bucket is final
+    work: Optional[Work] = None  # the all-reduce in flight
+    launched_after: Optional[str] = None  # the unit whose backward_post launched it (last pass)
+
+
+class DistributedDataParallel(DataParallelEngine):
+    """`DistributedDataParallel(model, AdamW, lr=..., bucket_cap_mb=25, max_grad_norm=None)`.
+
+    model:          a GPT built the same way on every rank of `process_group`
+    optimizer_cls:  Adam or AdamW; `**optimizer_kwargs` are its hyperparameters
+    process_group:  the data-parallel group (default: the world)
+    bucket_cap_mb:  a bucket is closed once it holds at least this many MiB of gradients
+    max_grad_norm:  clip by the global gradient norm before the step (None: no clipping)
+    """
+
+    stage = 0
+
+    def __init__(self, model, optimizer_cls: type = AdamW, *,
+                 process_group: Optional[ProcessGroup] = None, bucket_cap_mb: float = 25.0,
+                 max_grad_norm: Optional[float] = None, **optimizer_kwargs):
+        _check_optimizer(optimizer_cls, optimizer_kwargs)
+        super().__init__(model, process_group or current().world, None, max_grad_norm)
+        if not bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
+        self.bucket_cap_bytes = bucket_cap_mb * MIB
+        self._ledger = current().ledger
+        self._take_over_parameters()
+        self._broadcast_parameters()
+        self.buckets = self._make_buckets()
+        self._grad_of = {p.name: v.reshape(-1) for b in self.buckets
+                         for p, v in zip(b.flat.params, b.flat.views(b.buffer))}
+        params = [p for _, ps in self.units for p in ps]
+        self.optimizer = ShardedOptimizer(  # each rank owns every parameter, whole
+            [OwnedPiece(p.name, p.data.reshape(-1), [(p.name, 0, p.size)]) for p in params],
+            optimizer_cls, **optimizer_kwargs)
+        self._done: set[str] = set()
+        self._next_bucket = 0
+        self._register(backward_pre=self._backward_pre, backward_post=self._backward_post)
+
+    # ---- construction -------------------------------------------------------------------
+    def _take_over_parameters(self) -> None:
+        """The engine keeps the ledger from here on: weights stay "param:{name}" (now
+        charged by DDP), gradients are the buckets."""
+        for _, ps in self.units:
+            for p in ps:
+                if not p.data.flags.c_contiguous:
+                    p.set_data(np.ascontiguousarray(p.data))
+                p.release()
+                self._ledger.hold(f"param:{p.name}", p.data, "parameters")
+
+    def _broadcast_parameters(self) -> None:
+        """Every rank gets the weights of the group's first rank, one unit at a time."""
+        if self.group.size == 1:
+            return
+        src = self.group.ranks[0]
+        for unit, ps in self.units:
+            flat = FlatParameter(unit, ps, 1)
+            got = broadcast(flat.flatten(), src=src, group=self.group)  # got: [numel]
+            for p, v in zip(ps, flat.views(got)):
+                p.data[...] = v  # in place: the optimizer's pieces view these arrays
+
+    def _make_buckets(self) -> list[Bucket]:
+        """Parameters in reverse unit order (reverse within a unit too), cut into buckets
+        of at least bucket_cap_bytes (the last one may be smaller)."""
+        order = [(unit, p) for unit, ps in reversed(self.units) for p in reversed(ps)]
+        buckets: list[Bucket] = []
+        current_ps, current_units, nbytes = [], set(), 0
+        for i, (unit, p) in enumerate(order):
+            current_ps.append(p)
+            current_units.add(unit)
+            nbytes += p.data.nbytes
+            if nbytes >= self.bucket_cap_bytes or i == len(order) - 1:
+                k = len(buckets)
+                flat = FlatParameter(f"bucket{k}", current_ps, 1)
+                buf = np.zeros(flat.padded_numel, dtype=self.dtype)  # buf: [numel]
+                self._ledger.hold(f"ddp:bucket{k}", buf, "gradients")
+                flat.use_grads(buf)
+                buckets.append(Bucket(k, flat, buf, frozenset(current_units)))
+                current_ps, current_units, nbytes = [], set(), 0
+        return buckets
+
+    # ---- hooks --------------------------------------------------------------------------
+    def _backward_pre(self, unit: str) -> None:
+        if unit != ROOT:
+            return
+        # the first unit of a backward pass: start counting finished units
+        self._done, self._next_bucket = set(), 0
+        for b in self.buckets:
+            detached = b.flat.detached_grads()
+            if detached:
+                raise RuntimeError(
+                    f"rank {current().rank}: the gradients of {detached[:4]} are no longer "
+                    f"views of DDP's bucket {b.index}; something replaced or freed them "
+                    "(model.zero_grad(), an optimizer's zero_grad()?). Call engine.zero_grad()")
+
+    def _backward_post(self, unit: str) -> None:
+        self._done.add(unit)
+        if not self._sync:
+            self._unsynced = True
+            return
+        while (self._next_bucket < len(self.buckets)
+               and self.buckets[self._next_bucket].units <= self._done):
+            self.buckets[self._next_bucket].launched_after = unit
+            self._launch(self.buckets[self._next_bucket])
+            self._next_bucket += 1
+        if unit == ROOT:  # the end of the backward: wait for every bucket
+            self._finish_grad_sync()
+            self._unsynced = False
+
+    def _launch(self, b: Bucket) -> None:
+        if self.group.size > 1:
+            b.work = all_reduce(b.buffer, "avg", group=self.group, async_op=True)
+
+    def _finish_grad_sync(self) -> None:
+        for b in self.buckets:
+            if b.work is not None:
+                np.copyto(b.buffer, b.work.wait())  # the average, into the bucket
+                b.work = None
+
+    # ---- gradients and state ----------------------------------------------------------------
+    def zero_grad(self) -> None:
+        """Zero the buckets in place (the gradients stay views of them)."""
+        self._finish_grad_sync()
+        for b in self.buckets:
+            b.buffer.fill(0)
+        self._unsynced = False
+
+    def _owned_grads(self) -> list[np.ndarray]:
+        return [self._grad_of[piece.key] for piece in self.optimizer.pieces]
+
+    def full_grads(self) -> dict[str, np.ndarray]:
+        self._finish_grad_sync()
+        return {name: v.reshape(self.param_shapes[name]).copy()
+                for name, v in self._grad_of.items()}
+
+    def _full_values(self):
+        params = {p.name: p.data.copy() for _, ps in self.units for p in ps}
+        states = {}
+        for i, piece in enumerate(self.optimizer.pieces):
+            shape = self.param_shapes[piece.key]
+            states[piece.key] = {k: a.reshape(shape).copy()
+                                 for k, a in self.optimizer.state_arrays(i).items()}
+        return params, states
+
+    def _load_values(self, params, states) -> None:
+        for _, ps in self.units:
+            for p in ps:
+                p.data[...] = params[p.name]
+        for i, piece in enumerate(self.optimizer.pieces):
+            for k, arr in self.optimizer.state_arrays(i).items():
+                np.copyto(arr, states[piece.key][k].reshape(-1), casting="same_kind")

@@ -1,0 +1,135 @@
+"""One transformer layer under tensor (and sequence) parallelism: Megatron's ParallelAttention,
+ParallelMLP and ParallelTransformerLayer.
+
+    x1 = x  + dropout(RowParallel(attn_core(ColumnParallel_qkv(ln1(x)))))     heads split
+    y  = x1 + dropout(RowParallel_fc2(GeLU(ColumnParallel_fc1(ln2(x1)))))    ffn split
+
+(Shoeybi et al. 2019, section 3, Figure 3; Korthikanti et al. 2022, Figure 5.) Per rank,
+with t = tensor-parallel size, shapes without / with sequence parallelism:
+
+    x, x1, y                         [s, b, h]           [s/t, b, h]
+    ln1(x), ln2(x1)                  [s, b, h]           [s/t, b, h] -> all-gathered to [s, b, h]
+    qkv                              [s, b, 3h/t]        (the a/t heads of this rank)
+    attention probabilities          [b, a/t, s, s]
+    fc1 output, GeLU                 [s, b, ffn/t]
+    row-parallel outputs             [s, b, h] (all-reduce) / [s/t, b, h] (reduce-scatter)
+
+Communication per layer, forward: two all-reduces (g) of s·b·h elements; backward: two
+more (f). With sequence parallelism: forward two all-gathers (f̄) and two reduce-scatters
+(ḡ); backward their conjugates, plus the all-gathers that rebuild the column-parallel
+inputs for the weight gradients (see tensor.py), plus one small all-reduce of the
+LayerNorm and bias gradients (see sequence.py).
+
+Dropout masks come from a `TensorParallelRNG`: the attention probabilities' mask is this
+rank's heads of the single-device mask; the residual dropouts' mask is the whole
+single-device mask (replicated) or, with sequence parallelism, this rank's sequence slice.
+
+Activation recomputation is nn.Block's, which ParallelTransformerLayer inherits:
+"selective" keeps Q, K, V and recomputes the attention core; "full" keeps the layer's input
+and a copy of the generator, and runs the layer's forward — collectives included — again
+in backward.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ...nn.attention import core_attention_backward, core_attention_forward
+from ...nn.block import Block
+from ...nn.gelu import gelu_backward, gelu_forward
+from ...runtime.group import ProcessGroup
+from .random import TensorParallelRNG
+from .sequence import SequenceParallelGrads, SequenceParallelLayerNorm
+from .layers import ColumnParallelLinear, RowParallelLinear, divide
+
+
+class ParallelAttention:
+    """x [s, b, h] ([s/t, b, h] with SP) -> y of the same shape; a/t heads per rank."""
+
+    def __init__(self, name: str, cfg, group: ProcessGroup, sequence_parallel: bool,
+                 sp_grads: Optional[SequenceParallelGrads], out_std: float):
+        self.name, self.dropout = name, cfg.dropout
+        self.heads = divide(cfg.num_heads, group.size, "num_heads",
+                            "choose num_heads (and so hidden) divisible by tp")
+        kw = dict(sequence_parallel=sequence_parallel, seed=cfg.seed, dtype=cfg.np_dtype)
+        self.qkv = ColumnParallelLinear(f"{name}.qkv", cfg.hidden, 3 * cfg.hidden, group,
+                                        std=cfg.init_std, **kw)
+        self.proj = RowParallelLinear(f"{name}.proj", cfg.hidden, cfg.hidden, group,
+                                      std=out_std, sp_grads=sp_grads, **kw)
+
+    def parameters(self) -> list:
+        return self.qkv.parameters() + self.proj.parameters()
+
+    def forward(self, x: np.ndarray, rng: TensorParallelRNG, selective: bool = False):
+        (qkv, _), s_qkv = self.qkv.forward(x)  # qkv: [s, b, 3h/t], heads [a/t, 3, d]
+        context, s_core = core_attention_forward(
+            qkv, self.heads, self.dropout, rng.sharded(axis=1, batch_axis=0),
+            selective)  # context: [s, b, h/t]
+        (y, _), s_proj = self.proj.forward(context)  # y: [s, b, h] ([s/t, b, h] with SP)
+        return y, (s_qkv, s_core, s_proj)
+
+    def backward(self, dy: np.ndarray, saved) -> np.ndarray:
+        s_qkv, s_core, s_proj = saved
+        dcontext = self.proj.backward(dy, s_proj)  # dcontext: [s, b, h/t]
+        dqkv = core_attention_backward(dcontext, s_core)  # dqkv: [s, b, 3h/t]
+        return self.qkv.backward(dqkv, s_qkv)
+
+
+class ParallelMLP:
+    """x [s, b, h] -> fc2(GeLU(fc1(x))) with ffn/t hidden units per rank."""
+
+    def __init__(self, name: str, cfg, group: ProcessGroup, sequence_parallel: bool,
+                 sp_grads: Optional[SequenceParallelGrads], out_std: float):
+        self.name, self.gelu = name, cfg.gelu
+        divide(cfg.ffn, group.size, "ffn_hidden", "choose ffn_hidden divisible by tp")
+        kw = dict(sequence_parallel=sequence_parallel, seed=cfg.seed, dtype=cfg.np_dtype)
+        self.fc1 = ColumnParallelLinear(f"{name}.fc1", cfg.hidden, cfg.ffn, group,
+                                        std=cfg.init_std, **kw)
+        self.fc2 = RowParallelLinear(f"{name}.fc2", cfg.ffn, cfg.hidden, group, std=out_std,
+                                     sp_grads=sp_grads, **kw)
+
+    def parameters(self) -> list:
+        return self.fc1.parameters() + self.fc2.parameters()
+
+    def forward(self, x: np.ndarray, rng=None):
+        (u, _), s1 = self.fc1.forward(x)  # u: [s, b, ffn/t]
+        g, s_act = gelu_forward(u, approximate=self.gelu)  # g: [s, b, ffn/t]
+        (y, _), s2 = self.fc2.forward(g)  # y: [s, b, h] ([s/t, b, h] with SP)
+        return y, (s1, s_act, s2)
+
+    def backward(self, dy: np.ndarray, saved) -> np.ndarray:
+        s1, s_act, s2 = saved
+        dg = self.fc2.backward(dy, s2)  # dg: [s, b, ffn/t]
+        return self.fc1.backward(gelu_backward(dg, s_act), s1)
+
+
+class ParallelTransformerLayer(Block):
+    """A pre-LN block whose attention and MLP are tensor-parallel; x: [s, b, h] or, with
+    sequence parallelism, [s/t, b, h]. `sp_grads` collects the partial gradients of its
+    LayerNorms and row-parallel biases (the model flushes it after the backward).
+
+    The forward, the backward and the recomputation modes are nn.Block's, run on these
+    sub-layers; only where the residual dropouts draw their masks differs.
+    """
+
+    def __init__(self, name: str, cfg, group: ProcessGroup, sequence_parallel: bool,
+                 recompute: str):
+        self.name, self.dropout, self.recompute = name, cfg.dropout, recompute
+        self.sequence_parallel = sequence_parallel
+        self.sp_grads = SequenceParallelGrads(group) if sequence_parallel else None
+        out_std = cfg.init_std / np.sqrt(2 * cfg.num_layers)  # as nn.Block
+        dt, eps = cfg.np_dtype, cfg.layernorm_eps
+        self.ln1 = SequenceParallelLayerNorm(f"{name}.ln1", cfg.hidden, eps, dt, self.sp_grads)
+        self.attn = ParallelAttention(f"{name}.attn", cfg, group, sequence_parallel,
+                                      self.sp_grads, out_std)
+        self.ln2 = SequenceParallelLayerNorm(f"{name}.ln2", cfg.hidden, eps, dt, self.sp_grads)
+        self.mlp = ParallelMLP(f"{name}.mlp", cfg, group, sequence_parallel, self.sp_grads,
+                               out_std)
+
+    def residual_rng(self, rng: TensorParallelRNG):
+        """The residual dropouts' generator: replicated, or this rank's sequence slice."""
+        if self.sequence_parallel:
+            return rng.sharded(axis=0, batch_axis=1)
+        return rng.replicated(batch_axis=1)

@@ -1,0 +1,75 @@
+"""What `minipar train` shows while it runs and when it ends."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+
+from ..runtime.ledger import fmt_bytes
+
+
+class Progress:
+    """A one-line bar redrawn in place on a terminal; plain log lines every `every` steps
+    otherwise (CI logs stay readable). Both on `stream` (stderr)."""
+
+    def __init__(self, stream, every: int, width: int = 24):
+        self.stream, self.every, self.width = stream, every, width
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self._last_draw = 0.0
+
+    def __call__(self, info) -> None:
+        loss = f"loss {info.loss:.4f}" + (" (skipped: fp16 overflow)" if info.skipped else "")
+        text = (f"step {info.step:>{len(str(info.steps))}}/{info.steps}  {loss}  "
+                f"lr {info.lr:.2e}  {info.tokens_per_second:,.0f} tok/s")
+        if self.tty:
+            now = time.monotonic()
+            if info.step < info.steps and now - self._last_draw < 0.1:
+                return  # redraw at most ten times a second
+            self._last_draw = now
+            done = round(self.width * info.step / info.steps)
+            bar = "#" * done + "." * (self.width - done)
+            line = f"[{bar}] {text}"[:shutil.get_terminal_size().columns - 1]  # never wrap
+            self.stream.write(f"\r{line}\033[K")
+            if info.step == info.steps:
+                self.stream.write("\n")
+        elif info.step % self.every == 0 or info.step in (1, info.steps) or info.skipped:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def summary(cfg, r) -> list[str]:
+    """What `minipar train` prints at the end: loss, simulated time, FLOPs, MFU, memory."""
+    n = min(5, cfg.steps)
+    m = r.model.cfg
+    flops = f"{r.model_flops_per_step:,.0f} a step: 72 B s l h^2 (1 + s/6h + V/12lh)"
+    if math.isclose(r.clock_flops_per_step, r.model_flops_per_step, rel_tol=1e-9):
+        flops += ", exactly what the clock was charged"
+    else:
+        flops += f"; the clock was charged {r.clock_flops_per_step:,.0f}"
+    memory = ", ".join(f"{c} {fmt_bytes(b)}" for c, b in r.ledger_peak.items() if c != "total")
+    lines = [
+        f"minipar train: GPT, {m.num_layers} layers, hidden {m.hidden}, {m.num_heads} heads, "
+        f"{m.vocab_size}-character vocabulary: {r.num_parameters:,} parameters in {cfg.dtype} "
+        f"on one simulated {r.device_name}",
+        f"  batches         {cfg.steps} steps of {cfg.global_batch} sequences x {cfg.seq_len} "
+        f"characters ({cfg.tokens_per_step:,} tokens), {cfg.num_microbatches} micro-batch"
+        f"{'es' if cfg.num_microbatches > 1 else ''} each",
+        f"  optimizer       AdamW, lr {cfg.lr:g}, {cfg.warmup_steps} warmup steps, cosine to "
+        f"{cfg.min_lr:g}, weight decay {cfg.weight_decay:g}, clip {cfg.clip:g}",
+        f"  loss            {r.first_loss(n):.4f} (mean of the first {n} steps) -> "
+        f"{r.last_loss(n):.4f} (mean of the last {n})",
+    ]
+    if cfg.dtype == "float16":
+        lines.append(f"  skipped steps   {r.skipped_steps} of {cfg.steps} (float16 gradients "
+                     f"overflowed); loss scale now {r.final_loss_scale:g}")
+    lines += [
+        f"  simulated time  {r.sim_step_time * 1e6:.3f} us a step on the device clock",
+        f"  model FLOPs     {flops}",
+        f"  simulated MFU   {100 * r.mfu:.1f} % of {r.peak_flops / 1e12:g} TFLOP/s {cfg.dtype}: "
+        "on one device by construction (only matmuls are charged to the clock)",
+        f"  memory peak     {memory}; total {fmt_bytes(r.ledger_peak['total'])}",
+        f"  wall time       {r.wall_time:.1f} s "
+        f"({cfg.steps * cfg.tokens_per_step / r.wall_time:,.0f} tokens/s on this machine)",
+    ]
+    return lines

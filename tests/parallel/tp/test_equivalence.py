@@ -1,0 +1,205 @@
+"""Tensor (and sequence) parallelism is one device: a TensorParallelGPT on tp ranks — alone
+or on a dp x tp mesh under DDP or ZeRO-1, 2 or 3 — trains exactly like one GPT on the whole
+global batch, dropout included.
+
+Each example draws tp in {1, 2, 3, 4}, heads, head size, ffn and vocabulary sizes that
+divide by it, a sequence length (divisible by tp under sequence parallelism), sequence
+parallelism, dropout, tied embeddings, recomputation, a dp size and engine,
+clipping and seeds; runs 3 AdamW steps both ways; and compares losses, the first step's
+gradients gathered over tp, the weights and Adam's moments after the last step.
+
+Tolerances (float64, as the data-parallel tests; see conftest.py): losses rtol 1e-12;
+first-step gradients rtol 1e-12 + 1e-14 of the model's largest gradient; weights, m and v
+rtol 1e-12 + 1e-11 of the model's largest weight, m or v (Adam's lr/eps slope near
+|g| = eps; see check()).
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import minipar as mp
+from minipar.data.batches import split_data_parallel, split_microbatches
+from minipar.nn import GPT
+from minipar.optim import AdamW
+from minipar.parallel import accumulate_gradients, zero_engine
+from minipar.parallel.tp.layers import gather_parameter
+from minipar.parallel.tp.gpt import TensorParallelGPT
+from minipar.runtime.collectives import all_gather
+
+
+def tp_config(kit, tp, **kw):
+    """Heads, ffn, vocabulary and sequence all divisible by tp (and by 2 and 4 when tp is)."""
+    unit = 3 if tp == 3 else 4
+    base = dict(vocab_size=4 * unit, seq_len=2 * unit, hidden=4 * unit, num_heads=unit,
+                ffn_hidden=6 * unit)
+    base.update(kw)
+    return kit.tiny_config(**base)
+
+
+def gathered_state(engine, model, tp_group):
+    """engine.full_state_dict() with every tensor-parallel shard all-gathered over tp."""
+    sd = engine.full_state_dict()
+    params = model.named_parameters()
+    out = {}
+    for key, arr in sd.items():
+        name = key.split("/", 1)[1]
+        for suffix in (".master", ".m", ".v"):
+            if key.startswith("optim/") and name.endswith(suffix):
+                name = name[: -len(suffix)]
+        p = params.get(name)
+        if p is not None and getattr(p, "tensor_model_parallel", False) and tp_group.size > 1:
+            arr = all_gather(arr, axis=p.partition_dim, group=tp_group)
+        out[key] = arr
+    return out
+
+
+def tp_run(cfg, batches, dp, tp, *, stage=0, sequence_parallel=False, micro_batches=1,
+           max_grad_norm=None, opt):
+    """3 steps on a dp x tp mesh (tp fastest): losses, first-step gathered grads, states."""
+    def program(ctx):
+        mesh = mp.init_device_mesh((dp, tp), ("dp", "tp"))
+        tp_group, dp_group = mesh.get_group("tp", ctx.rank), mesh.get_group("dp", ctx.rank)
+        dp_rank = dp_group.group_rank(ctx.rank)
+        model = TensorParallelGPT(cfg, tp_group, sequence_parallel, dp_rank, dp)
+        engine = zero_engine(model, AdamW, stage=stage, process_group=dp_group,
+                             max_grad_norm=max_grad_norm, **opt)
+        losses, grads = [], []
+        for ids, tgt in batches:
+            x, y = split_data_parallel(ids, tgt, dp_rank, dp)
+            losses.append(accumulate_gradients(model, engine, split_microbatches(
+                x, y, micro_batches)))
+            if not grads:
+                full = engine.full_grads()  # averaged over dp, this rank's tp shards
+                grads = {p.name: (all_gather(full[p.name], axis=p.partition_dim,
+                                             group=tp_group)
+                                  if getattr(p, "tensor_model_parallel", False) and tp > 1
+                                  else full[p.name]) for p in model.parameters()}
+            engine.step()
+            engine.zero_grad()
+        return losses, grads, gathered_state(engine, model, tp_group), engine.last_grad_norm
+
+    res = mp.launch(program, dp * tp)
+    losses = np.mean([r[0] for r in res[::tp]], axis=0)  # one rank per dp replica
+    return losses, res
+
+
+def _kind(key: str) -> str:
+    """param, m, v, master or meta: what a full_state_dict key holds."""
+    if key.startswith("optim/"):
+        return key.rsplit(".", 1)[1]
+    return key.split("/", 1)[0]
+
+
+def check(kit, cfg, batches, res_losses, res, ref):
+    kit.assert_close(res_losses, ref.losses, what="losses")
+    # gradients: rtol 1e-12, atol 1e-14 of the model's largest gradient. Tensor parallelism
+    # sums partial products in another order, and a small gradient that is a difference of
+    # large terms (a query weight's, through the softmax) keeps that order's rounding:
+    # measured up to 7e-12 of the element, 4e-16 of the model's largest gradient.
+    scale = max(float(np.abs(g).max()) for g in ref.grads[0].values())
+    # weights, m and v after the steps: rtol 1e-12, atol 1e-11 of the largest weight (m, v)
+    # in the model. Adam's update lr * g / (sqrt(v) + eps) has slope lr/eps = 1e6 near
+    # |g| = eps, so rounding noise in a near-zero gradient (a query weight's, in a model
+    # this small) moves that weight by ~1e-13 whatever the weight's own size.
+    kinds: dict = {}
+    for key, arr in ref.state.items():
+        kinds[_kind(key)] = max(kinds.get(_kind(key), 0.0), float(np.abs(arr).max()))
+    for r, (losses, grads, state, norm) in enumerate(res):
+        for name, want in ref.grads[0].items():
+            np.testing.assert_allclose(grads[name], want, rtol=kit.RTOL,
+                                       atol=kit.GRAD_ATOL_SCALE * scale,
+                                       err_msg=f"rank {r} step 0 gradient of {name}")
+        assert sorted(state) == sorted(ref.state)
+        for key, want in ref.state.items():  # atol: 1e-11 of the largest of its kind
+            np.testing.assert_allclose(state[key], want, rtol=kit.RTOL,
+                                       atol=kit.ATOL_SCALE * kinds[_kind(key)],
+                                       err_msg=f"rank {r} {key}")
+        if ref.norms[-1] is not None:
+            kit.assert_close(norm, ref.norms[-1], what=f"rank {r} gradient norm")
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=40)
+@given(data=st.data())
+def test_tensor_parallel_trains_like_one_device(dpkit, data):
+    tp = data.draw(st.sampled_from([1, 2, 3, 4]), "tp")
+    dp = data.draw(st.sampled_from([1, 2]) if tp <= 2 else st.just(1), "dp")
+    sp = data.draw(st.booleans(), "sequence_parallel")
+    dropout = data.draw(st.sampled_from([0.0, 0.2]), "dropout")
+    recompute = data.draw(st.sampled_from(["none", "selective", "full"]), "recompute")
+    tie = data.draw(st.booleans(), "tie embeddings")
+    stage = data.draw(st.sampled_from([0, 1, 2, 3]), "ZeRO stage over dp")
+    max_norm = data.draw(st.sampled_from([None, 0.05]), "max_grad_norm")  # 0.05 clips
+    layers = data.draw(st.integers(1, 2), "layers")
+    seed = data.draw(st.integers(0, 2**16), "seed")
+    # masks are drawn for the whole batch at once: micro-batches only without dropout
+    k = 1 if dropout else data.draw(st.integers(1, 2), "micro-batches")
+    heads = tp * data.draw(st.integers(1, 2), "heads per rank")
+    head_dim = data.draw(st.integers(2, 4), "head dim")  # h = 1: LayerNorm of one feature is constant
+    ffn = tp * data.draw(st.integers(1, 6), "ffn per rank")
+    vocab = tp * data.draw(st.integers(2, 7), "vocabulary per rank")
+    seq = tp * data.draw(st.integers(1, 3), "tokens per rank (SP)") if sp else data.draw(
+        st.integers(1, 8), "sequence length")
+    cfg = dpkit.tiny_config(vocab_size=vocab, seq_len=seq, hidden=heads * head_dim,
+                            num_heads=heads, ffn_hidden=ffn, num_layers=layers, seed=seed,
+                            tie_embeddings=tie, dropout=dropout, recompute=recompute)
+    batches = dpkit.global_batches(cfg, steps=3, global_batch=dp * k, seed=seed)
+    ref = dpkit.reference_run(cfg, batches, max_grad_norm=max_norm)
+    losses, res = tp_run(cfg, batches, dp, tp, stage=stage, sequence_parallel=sp,
+                         micro_batches=k, max_grad_norm=max_norm, opt=dpkit.OPT)
+    check(dpkit, cfg, batches, losses, res, ref)
+
+
+@pytest.mark.parametrize("hidden, heads, ffn, vocab", [(24, 6, 36, 24), (48, 12, 48, 36)])
+@pytest.mark.parametrize("sp", [False, True])
+def test_wider_shapes_with_tp_3_and_4(dpkit, hidden, heads, ffn, vocab, sp):
+    """Shapes other than the drawn ones: tp = 3 and 4 where they divide, dropout on."""
+    for tp in (3, 4):
+        if heads % tp or ffn % tp or vocab % tp:
+            continue
+        cfg = dpkit.tiny_config(vocab_size=vocab, seq_len=12, hidden=hidden, num_heads=heads,
+                                ffn_hidden=ffn, dropout=0.1, num_layers=1, seed=tp)
+        batches = dpkit.global_batches(cfg, steps=3, global_batch=2, seed=tp)
+        ref = dpkit.reference_run(cfg, batches)
+        losses, res = tp_run(cfg, batches, 1, tp, sequence_parallel=sp, opt=dpkit.OPT)
+        check(dpkit, cfg, batches, losses, res, ref)
+
+
+def test_zero1_on_a_2x2_mesh_with_clipping_and_dropout(dpkit):
+    """The composition the course names: ZeRO-1 over dp, Megatron tp + sp, clipping on, and
+    the gradient norm over dp and tp equal to one device's."""
+    cfg = tp_config(dpkit, 2, dropout=0.1, seed=3)
+    batches = dpkit.global_batches(cfg, steps=3, global_batch=4, seed=3)
+    ref = dpkit.reference_run(cfg, batches, max_grad_norm=0.05)
+    assert all(n > 0.05 for n in ref.norms)  # the clip is active on every step
+    losses, res = tp_run(cfg, batches, 2, 2, stage=1, sequence_parallel=True,
+                         max_grad_norm=0.05, opt=dpkit.OPT)
+    check(dpkit, cfg, batches, losses, res, ref)
+
+
+def test_shards_are_slices_of_the_full_initialisation(dpkit):
+    """As Megatron's _initialize_affine_weight_cpu: rank r holds the matching slice of the
+    single-device weight, for every parameter, at tp = 2 and 4."""
+    cfg = tp_config(dpkit, 4, num_layers=2)
+    with mp.device():
+        full = {p.name: p.data.copy() for p in GPT(cfg).parameters()}
+    for tp in (2, 4):
+        def program(ctx):
+            model = TensorParallelGPT(cfg, mp.new_group(range(tp), "tp"))
+            out = {}
+            for p in model.parameters():
+                if getattr(p, "tensor_model_parallel", False):
+                    n = full[p.name].shape[p.partition_dim] // tp
+                    want = np.take(full[p.name], range(ctx.rank * n, (ctx.rank + 1) * n),
+                                   axis=p.partition_dim)
+                else:
+                    want = full[p.name]
+                np.testing.assert_array_equal(p.data, want, err_msg=p.name)
+                out[p.name] = gather_parameter(p, model.group)
+            return out
+
+        for gathered in mp.launch(program, tp):
+            assert sorted(gathered) == sorted(full)
+            for name, arr in gathered.items():
+                np.testing.assert_array_equal(arr, full[name], err_msg=name)

@@ -1,0 +1,194 @@
+"""The seeds' incident cases reproduce their mechanism, on the numbers they return."""
+
+import pytest
+
+from minipar.cli import main
+from minipar.programs.incidents import INCIDENTS, get
+from minipar.programs.incidents import tp_across_nodes, zero3_recompute
+from minipar.plan import model_flops
+from minipar.runtime.topology import Topology
+
+
+@pytest.fixture(scope="module")
+def case_c():
+    lines = []
+    return zero3_recompute.run(out=lines.append), lines
+
+
+@pytest.mark.timeout(120)
+def test_zero3_without_a_limit_peaks_above_zero2(case_c):
+    s = case_c[0]["scenarios"]
+    assert s["zero3"]["total"] > s["zero2"]["total"]
+    # what piles up is gathered weights: the run-ahead all-gathers (comm) hold more than
+    # the model's weights minus one block, and ZeRO-3's own weights are a quarter of ZeRO-2's
+    assert s["zero3"]["peak"]["comm_buffers"] > 0.9 * s["zero2"]["peak"]["parameters"]
+    assert s["zero3"]["peak"]["parameters"] < 0.35 * s["zero2"]["peak"]["parameters"]
+
+
+@pytest.mark.timeout(120)
+def test_the_limit_brings_the_peak_below_zero2_and_both_fixes_keep_it_there(case_c):
+    s = case_c[0]["scenarios"]
+    for fixed in ("zero3_limit", "zero3_both"):
+        assert s[fixed]["total"] < s["zero3"]["total"], fixed
+        assert s[fixed]["total"] < s["zero2"]["total"], fixed
+        assert s[fixed]["vs_zero2"] < 1.0
+    # the limit bounds the gathered weights: at most 2 blocks in flight
+    assert s["zero3_limit"]["peak"]["comm_buffers"] < 0.1 * s["zero3"]["peak"]["comm_buffers"]
+
+
+@pytest.mark.timeout(120)
+def test_recomputing_every_second_block_saves_flops_not_memory(case_c):
+    """The seed's second fix, measured: blocks that do not recompute keep their
+    activations, so alone it raises the peak; what it buys is less recomputation."""
+    s = case_c[0]["scenarios"]
+    assert s["zero3_every2"]["total"] > s["zero3"]["total"]
+    assert s["zero3_every2"]["peak"]["activations"] > s["zero3"]["peak"]["activations"]
+    assert s["zero3_both"]["flops"] < s["zero3_limit"]["flops"]
+
+
+@pytest.mark.timeout(120)
+def test_the_report_prints_every_scenario_with_its_ratio(case_c):
+    result, lines = case_c
+    text = "\n".join(lines)
+    for r in result["scenarios"].values():
+        assert r["label"] in text and f"{100 * r['vs_zero2']:.1f} %" in text
+    assert result["model"]["dp"] == 4 and result["model"]["dtype"] == "bfloat16"
+
+
+def test_incidents_are_listed_by_name():
+    assert get("c") is zero3_recompute
+    assert "c" in INCIDENTS
+    with pytest.raises(KeyError, match="no incident 'z'"):
+        get("z")
+
+
+@pytest.mark.timeout(120)
+def test_cli_runs_incident_c(capsys):
+    assert main(["incident", "c"]) == 0
+    out = capsys.readouterr().out
+    assert "Incident C" in out and "limit_all_gathers" in out and "vs ZeRO-2" in out
+
+
+def test_cli_refuses_an_unknown_incident(capsys):
+    with pytest.raises(SystemExit):
+        main(["incident", "z"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+# ---- incident A: tensor parallelism across nodes ---------------------------------------
+# small enough for a fast test, the same 2 nodes x 4 GPUs and layouts as the demo
+SMALL_A = tp_across_nodes.MODEL.with_(hidden=128, seq_len=64, vocab_size=128)
+BATCH_A = 16
+
+
+@pytest.fixture(scope="module")
+def case_a():
+    lines = []
+    return tp_across_nodes.run(out=lines.append, cfg=SMALL_A, global_batch=BATCH_A), lines
+
+
+def test_tp_across_nodes_is_slower_and_the_fix_restores_it(case_a):
+    """Measured at these sizes: tp=8 over 2 nodes 2.28x the fix's step, tp=4 across nodes
+    1.75x; their TP all-reduces 2.9x and 2.2x as long. Asserted with margin."""
+    s = case_a[0]["layouts"]
+    fix = s["tp_in_node"]
+    for bad in ("tp_all", "tp_across"):
+        r = s[bad]
+        assert r["step_seconds"] > 1.5 * fix["step_seconds"], bad
+        assert r["vs_fix"] > 1.5, bad
+        assert r["tp_comm_seconds"] > 1.8 * fix["tp_comm_seconds"], bad
+        assert r["comm_share"] > fix["comm_share"], bad
+        # time spent communicating, not just its share of a longer step
+        assert r["comm_share"] * r["step_seconds"] > 1.5 * fix["comm_share"] * fix["step_seconds"]
+        assert r["mfu"] * 1.5 < fix["mfu"], bad  # the fix restores MFU
+        assert r["ib_bytes"] > 2 * fix["ib_bytes"], bad  # TP traffic crossed the nodes
+    # placement alone: same tp and dp sizes, only which group crosses the nodes
+    assert s["tp_across"]["mesh"] == {"tp": 4, "dp": 2}
+    assert sorted(fix["mesh"].items()) == sorted(s["tp_across"]["mesh"].items())
+    assert fix["tp_group"] == (0, 1, 2, 3) and fix["dp_group"] == (0, 4)
+    assert s["tp_across"]["tp_group"] == (0, 2, 4, 6) and s["tp_across"]["dp_group"] == (0, 1)
+    assert s["tp_all"]["tp_group"] == tuple(range(8)) and s["tp_all"]["dp_comm_seconds"] == 0
+    # the fix's only inter-node traffic is the gradient all-reduce
+    assert fix["dp_comm_seconds"] > 0 and s["tp_across"]["dp_comm_seconds"] < fix["dp_comm_seconds"]
+
+
+def test_tp_across_nodes_numbers_agree_with_each_other(case_a):
+    result = case_a[0]
+    topo = tp_across_nodes.CLUSTER
+    peak = topo.device.peak("bfloat16")
+    flops = model_flops(BATCH_A, SMALL_A.seq_len, SMALL_A.num_layers, SMALL_A.hidden,
+                        SMALL_A.vocab_size) / topo.world_size
+    losses = [r["loss"] for r in result["layouts"].values()]
+    for key, r in result["layouts"].items():
+        assert 0.0 <= r["exposed_share"] <= r["comm_share"] <= 1.0, key
+        assert r["flops"] == pytest.approx(flops, rel=1e-9), key  # same work in every layout
+        assert r["mfu"] == pytest.approx(r["flops"] / (r["step_seconds"] * peak), rel=1e-12)
+        assert r["compute_seconds"] == pytest.approx(r["flops"] / peak, rel=1e-12)
+        # compute plus exposed communication cannot outlast the step
+        assert r["compute_seconds"] + r["exposed_share"] * r["step_seconds"] \
+            <= r["step_seconds"] * (1 + 1e-9), key
+        assert r["tp_comm_seconds"] + r["dp_comm_seconds"] \
+            <= r["comm_share"] * r["step_seconds"] * (1 + 1e-9) + 1e-12, key
+        assert r["vs_fix"] == pytest.approx(
+            r["step_seconds"] / result["layouts"]["tp_in_node"]["step_seconds"])
+    # every layout trains the same model on the same batch (bf16: reduction order differs)
+    assert max(losses) - min(losses) < 1e-2 * max(losses)
+
+
+def test_tp_across_nodes_at_scale_is_the_alpha_beta_model():
+    """The 70B lines recomputed by hand: ring all-reduce 2(n-1)a + 2(n-1)/n S/B."""
+    scale = tp_across_nodes.at_scale()
+    rows = scale["rows"]
+    topo = tp_across_nodes.CLUSTER
+    S = 4096 * 1 * 8192 * 2
+    assert scale["all_reduce_bytes"] == S
+    nv, ib = topo.intra, topo.inter
+    ring8 = 2 * 7 * nv.latency + 2 * 7 / 8 * S / nv.bandwidth
+    ring16 = 2 * 15 * ib.latency + 2 * 15 / 16 * S / ib.bandwidth
+    assert rows["tp8_in_node"]["all_reduce_seconds"] == pytest.approx(ring8)
+    assert rows["tp16_ring"]["all_reduce_seconds"] == pytest.approx(ring16)
+    assert rows["tp16_hierarchical"]["algorithm"] == "hierarchical"
+    assert (rows["tp8_in_node"]["all_reduce_seconds"]
+            < rows["tp16_hierarchical"]["all_reduce_seconds"]
+            < rows["tp16_ring"]["all_reduce_seconds"])
+    for r in rows.values():
+        assert r["comm_seconds"] == pytest.approx(4 * r["all_reduce_seconds"])
+        assert r["model_comm_seconds"] == pytest.approx(80 * r["comm_seconds"])
+        assert r["busy"] == pytest.approx(r["compute_seconds"]
+                                          / (r["compute_seconds"] + r["comm_seconds"]))
+    assert rows["tp8_in_node"]["busy"] > 1.5 * rows["tp16_hierarchical"]["busy"]
+    # a flat ring across nodes is slower by about the links' bandwidth ratio
+    ratio = rows["tp16_ring"]["all_reduce_seconds"] / rows["tp8_in_node"]["all_reduce_seconds"]
+    assert 0.9 * nv.bandwidth / ib.bandwidth < ratio < 1.2 * nv.bandwidth / ib.bandwidth
+
+
+def test_tp_across_nodes_report_prints_every_layout(case_a):
+    result, lines = case_a
+    text = "\n".join(lines)
+    assert text.startswith("Incident A")
+    for r in result["layouts"].values():
+        assert r["label"] in text
+        assert f"{r['step_seconds'] * 1e6:.1f} us" in text and f"{r['vs_fix']:.2f}x" in text
+        assert f"{100 * r['mfu']:.1f} %" in text
+    assert "At the seed's scale" in text and "flat ring" in text
+
+
+def test_tp_across_nodes_refuses_what_it_cannot_lay_out():
+    with pytest.raises(KeyError, match="no layout 'tp_everywhere'"):
+        tp_across_nodes.measure("tp_everywhere", SMALL_A, BATCH_A)
+    with pytest.raises(ValueError, match="at least 2 nodes"):
+        tp_across_nodes.layouts(Topology.nodes(1, 8))
+    with pytest.raises(ValueError, match="must divide among"):
+        tp_across_nodes.measure("tp_in_node", SMALL_A, 3)
+
+
+def test_incident_a_is_listed():
+    assert get("a") is tp_across_nodes
+    assert "a" in INCIDENTS
+
+
+def test_cli_runs_incident_a(capsys, monkeypatch):
+    monkeypatch.setattr(tp_across_nodes, "MODEL", SMALL_A)  # the demo's sizes take longer
+    assert main(["incident", "a"]) == 0
+    out = capsys.readouterr().out
+    assert "Incident A" in out and "tp=4 in node" in out and "vs fix" in out

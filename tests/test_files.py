@@ -1,0 +1,404 @@
+"""Checkpoints: NumPy arrays in .npz plus JSON, read with allow_pickle=False, never unpickled."""
+
+import json
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+from hypothesis.extra import numpy as hnp
+
+import minipar as mp
+from minipar import files as ck
+from minipar.files import (CheckpointError, PickledCheckpointError, consolidate,
+                                load_arrays, load_sharded, save_arrays, save_consolidated,
+                                save_sharded)
+
+bf16 = ml_dtypes.bfloat16
+
+
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same dtype, shape and bits (NaNs included)."""
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+# ---- round trips -------------------------------------------------------------------------
+def test_round_trip_of_every_supported_kind(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = {
+        "w64": rng.standard_normal((3, 4)),
+        "w32": rng.standard_normal((2, 5)).astype(np.float32),
+        "bf16": np.array([1.0, -2.5, np.inf, np.nan, 3.140625, 0.0], dtype=bf16),
+        "ids": np.arange(-3, 9, dtype=np.int64).reshape(3, 4),
+        "scalar": np.array(2.5),
+        "step": np.int64(7),                           # a NumPy scalar becomes 0-d
+        "mask": np.array([True, False]),
+        "empty": np.zeros((0, 3), np.float32),
+        "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+        "strided": np.arange(20.0)[::3],
+        "f8": np.array([0.5, -448.0], dtype=ml_dtypes.float8_e4m3fn),
+        "c": np.array([1 + 2j]),
+    }
+    meta = {"step": 7, "lr": np.float64(0.5), "note": "after warmup", "nested": {"a": [1, 2]}}
+    npz, js = save_arrays(tmp_path / "ck", arrays, meta)
+    assert (npz.name, js.name) == ("ck.npz", "ck.json")
+    got, got_meta = load_arrays(tmp_path / "ck")
+    assert list(got) == list(arrays)
+    for name, a in arrays.items():
+        assert same(got[name], np.asarray(a)), name
+    assert got["bf16"].dtype == bf16 and got["scalar"].shape == ()
+    assert got_meta == {"step": 7, "lr": 0.5, "note": "after warmup", "nested": {"a": [1, 2]}}
+
+
+def test_bf16_is_stored_as_bit_patterns_with_the_true_dtype_in_json(tmp_path):
+    x = np.array([[1.0, -0.0078125], [65280.0, -3.0]], dtype=bf16)
+    save_arrays(tmp_path / "b", {"x": x}, {})
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert doc["arrays"]["x"] == {"shape": [2, 2], "dtype": "bfloat16", "stored_as": "uint16"}
+    with np.load(tmp_path / "b.npz", allow_pickle=False) as raw:  # plain NumPy reads it too
+        assert raw["x"].dtype == np.uint16
+        assert raw["x"].tolist() == [[0x3F80, 0xBC00], [0x477F, 0xC040]]
+    got, _ = load_arrays(tmp_path / "b")
+    assert same(got["x"], x)
+
+
+def test_big_endian_input_is_stored_in_native_order(tmp_path):
+    x = np.arange(4, dtype=">f4")
+    save_arrays(tmp_path / "e", {"x": x}, {})
+    got, _ = load_arrays(tmp_path / "e")
+    assert got["x"].dtype == np.float32 and got["x"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_suffix_on_the_path_is_optional(tmp_path):
+    save_arrays(tmp_path / "s.npz", {"x": np.ones(2)}, {"k": 1})
+    assert sorted(os.listdir(tmp_path)) == ["s.json", "s.npz"]
+    assert load_arrays(tmp_path / "s.json")[1] == {"k": 1}
+
+
+def test_compressed_when_asked(tmp_path):
+    x = np.zeros(10_000)
+    save_arrays(tmp_path / "plain", {"x": x}, {})
+    save_arrays(tmp_path / "small", {"x": x}, {}, compress=True)
+    assert (tmp_path / "small.npz").stat().st_size < (tmp_path / "plain.npz").stat().st_size
+    with zipfile.ZipFile(tmp_path / "plain.npz") as zf:
+        assert zf.getinfo("x.npy").compress_type == zipfile.ZIP_STORED
+    assert same(load_arrays(tmp_path / "small")[0]["x"], x)
+
+
+def test_any_name_works_even_np_savez_keywords(tmp_path):
+    arrays = {"file": np.ones(1), "allow_pickle": np.zeros(1), "layers.0/attn.w": np.ones(2)}
+    save_arrays(tmp_path / "n", arrays, {})
+    assert list(load_arrays(tmp_path / "n")[0]) == list(arrays)
+
+
+# ---- what is refused when saving ---------------------------------------------------------
+@pytest.mark.parametrize("bad, match", [
+    (np.array([{"a": 1}], dtype=object), "dtype object.*without a pickle"),
+    (np.array(["a", "b"]), "dtype <U1"),
+    ([1.0, 2.0], "is a list, expected a NumPy array"),
+])
+def test_save_refuses_what_needs_a_pickle_and_writes_nothing(tmp_path, bad, match):
+    with pytest.raises(CheckpointError, match=match):
+        save_arrays(tmp_path / "x", {"ok": np.ones(2), "bad": bad}, {})
+    assert os.listdir(tmp_path) == []
+
+
+def test_save_refuses_meta_that_is_not_json(tmp_path):
+    with pytest.raises(CheckpointError, match="cannot be written as JSON.*arrays"):
+        save_arrays(tmp_path / "x", {"ok": np.ones(2)}, {"w": np.ones(3)})
+    with pytest.raises(CheckpointError, match="cannot be written as JSON.*set"):
+        save_arrays(tmp_path / "x", {"ok": np.ones(2)}, {"s": {1, 2}})
+    assert os.listdir(tmp_path) == []
+
+
+# ---- pickles are refused, and never run --------------------------------------------------
+RAN = []
+
+
+def _record_that_code_ran():
+    RAN.append("unpickled")
+    return "payload"
+
+
+class Payload:
+    """Unpickling this would call _record_that_code_ran: the proof that code ran."""
+
+    def __reduce__(self):
+        return (_record_that_code_ran, ())
+
+
+def _object_array():
+    a = np.empty(1, dtype=object)
+    a[0] = Payload()
+    return a
+
+
+def test_an_npz_member_with_an_object_array_is_refused_unread(tmp_path):
+    RAN.clear()
+    with zipfile.ZipFile(tmp_path / "evil.npz", "w") as zf:     # written by hand
+        with zf.open("w.npy", "w") as f:
+            np.save(f, _object_array(), allow_pickle=True)
+    with pytest.raises(PickledCheckpointError) as e:
+        load_arrays(tmp_path / "evil")
+    msg = str(e.value)
+    assert "evil.npz holds a pickled object" in msg and "'w.npy'" in msg
+    assert "never unpickle" in msg and "minipar.files.save_arrays" in msg
+    assert RAN == []
+
+
+def test_a_pickle_swapped_into_a_valid_checkpoint_is_refused(tmp_path):
+    RAN.clear()
+    save_arrays(tmp_path / "ck", {"w": np.ones(3)}, {})
+    np.savez(tmp_path / "ck.npz", w=_object_array())              # np.savez pickles objects
+    with pytest.raises(PickledCheckpointError, match="holds a pickled object"):
+        load_arrays(tmp_path / "ck")
+    assert RAN == []
+
+
+def test_a_pickle_file_named_npz_is_refused(tmp_path):
+    RAN.clear()
+    (tmp_path / "p.npz").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(PickledCheckpointError, match="the whole file is a pickle"):
+        load_arrays(tmp_path / "p")
+    np.save(tmp_path / "o.npy", _object_array(), allow_pickle=True)
+    os.replace(tmp_path / "o.npy", tmp_path / "o.npz")
+    with pytest.raises(PickledCheckpointError, match="single .npy array of dtype object"):
+        load_arrays(tmp_path / "o")
+    assert RAN == []
+
+
+# ---- files that do not match are refused, naming the file and the key --------------------
+@pytest.fixture
+def saved(tmp_path):
+    save_arrays(tmp_path / "ck", {"w": np.arange(6.0).reshape(2, 3), "b": np.zeros(3)}, {})
+    return tmp_path
+
+
+def _edit_json(path: Path, edit) -> None:
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+
+
+def test_tampered_shape_is_refused(saved):
+    _edit_json(saved / "ck.json", lambda d: d["arrays"]["w"].update(shape=[3, 2]))
+    with pytest.raises(CheckpointError, match=r"ck.json says array 'w' has shape \[3, 2\], "
+                                              r"but .*ck.npz holds shape \[2, 3\]"):
+        load_arrays(saved / "ck")
+
+
+def test_tampered_dtype_is_refused(saved):
+    _edit_json(saved / "ck.json", lambda d: d["arrays"]["b"].update(dtype="float32"))
+    with pytest.raises(CheckpointError, match="array 'b' is stored as float32, but .* float64"):
+        load_arrays(saved / "ck")
+    _edit_json(saved / "ck.json", lambda d: d["arrays"]["b"].update(dtype="object"))
+    with pytest.raises(CheckpointError, match="dtype 'object', which is not a numeric"):
+        load_arrays(saved / "ck")
+
+
+def test_a_name_in_one_file_only_is_refused(saved):
+    _edit_json(saved / "ck.json", lambda d: d["arrays"].update(c={"shape": [1],
+                                                                  "dtype": "float64"}))
+    with pytest.raises(CheckpointError, match="lists array 'c' but .*ck.npz has no member"):
+        load_arrays(saved / "ck")
+    _edit_json(saved / "ck.json", lambda d: d["arrays"].pop("c") and d["arrays"].pop("b"))
+    with pytest.raises(CheckpointError, match=r"holds arrays \['b'\] that .*ck.json does not"):
+        load_arrays(saved / "ck")
+
+
+def test_missing_files_are_named(saved):
+    (saved / "ck.json").unlink()
+    with pytest.raises(CheckpointError, match="ck.json does not exist"):
+        load_arrays(saved / "ck")
+    with pytest.raises(CheckpointError, match="nothing.npz does not exist"):
+        load_arrays(saved / "nothing")
+
+
+def test_an_npz_from_another_save_is_refused(saved):
+    json_before = (saved / "ck.json").read_text()
+    save_arrays(saved / "ck", {"w": np.ones((2, 3)), "b": np.ones(3)}, {})  # same shapes
+    (saved / "ck.json").write_text(json_before)
+    with pytest.raises(CheckpointError, match="sha256 differs.*different saves"):
+        load_arrays(saved / "ck")
+
+
+def test_not_a_checkpoint_json(saved):
+    (saved / "ck.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="ck.json is not valid JSON"):
+        load_arrays(saved / "ck")
+    (saved / "ck.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(CheckpointError, match="format 'something-else', expected "
+                                              "'minipar-checkpoint'"):
+        load_arrays(saved / "ck")
+
+
+# ---- atomic writes -----------------------------------------------------------------------
+def test_a_writer_that_fails_midway_leaves_no_partial_file(tmp_path, monkeypatch):
+    old = {"w": np.arange(4.0), "b": np.ones(2)}
+    save_arrays(tmp_path / "ck", old, {"step": 1})
+    real_write_array = np.lib.format.write_array
+    calls = []
+
+    def fail_on_second_array(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full (simulated)")
+        return real_write_array(*args, **kwargs)
+
+    monkeypatch.setattr(np.lib.format, "write_array", fail_on_second_array)
+    with pytest.raises(OSError, match="disk full"):
+        save_arrays(tmp_path / "ck", {"w": np.zeros(4), "b": np.zeros(2)}, {"step": 2})
+    with pytest.raises(OSError, match="disk full"):
+        calls.clear()
+        save_arrays(tmp_path / "fresh", {"w": np.zeros(4), "b": np.zeros(2)}, {})
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["ck.json", "ck.npz"]  # no temporaries, no "fresh"
+    got, meta = load_arrays(tmp_path / "ck")                       # the old pair, intact
+    assert same(got["w"], old["w"]) and meta == {"step": 1}
+
+
+def test_a_crash_between_the_two_renames_is_caught_on_load(tmp_path, monkeypatch):
+    save_arrays(tmp_path / "ck", {"w": np.arange(4.0)}, {"step": 1})
+    real_replace = os.replace
+
+    def fail_on_json(src, dst):
+        if str(dst).endswith(".json"):
+            raise OSError("power cut (simulated)")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(ck.os, "replace", fail_on_json)
+    with pytest.raises(OSError, match="power cut"):
+        save_arrays(tmp_path / "ck", {"w": np.zeros(4)}, {"step": 2})
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["ck.json", "ck.npz"]  # new .npz, old .json
+    with pytest.raises(CheckpointError, match="sha256 differs"):
+        load_arrays(tmp_path / "ck")
+
+
+# ---- sharded checkpoints -----------------------------------------------------------------
+def test_three_ranks_save_shards_and_consolidate_drops_the_padding(tmp_path):
+    # full arrays: w [5, 7] (35 elements -> 3 shards of 12, 1 padding element),
+    # m [4] bf16 (4 -> 3 shards of 2, 2 padding), and replicated step and lr
+    w = np.arange(35, dtype=np.float32).reshape(5, 7)
+    m = np.array([0.5, -1.0, 2.0, 4.0], dtype=bf16)
+    pad_w = np.array([-99.0], np.float32)
+    pad_m = np.array([-7.0, -7.0], bf16)
+    w_shards = [w.ravel()[0:12], w.ravel()[12:24], np.concatenate([w.ravel()[24:35], pad_w])]
+    m_shards = [m[0:2], m[2:4], pad_m]
+
+    def rank_program(ctx):
+        save_sharded(tmp_path / "ckpt", ctx.rank, ctx.world_size,
+                     {"w": w_shards[ctx.rank], "m": m_shards[ctx.rank],
+                      "step": np.array(10), "lr": np.array(3e-4)},
+                     {"iteration": 10, "rank": ctx.rank},
+                     sharded={"w": [5, 7], "m": [4]})
+
+    mp.launch(rank_program, world_size=3)       # three simulated ranks write concurrently
+
+    names = sorted(os.listdir(tmp_path / "ckpt"))
+    assert names == ["index.json"] + [f"rank0000{r}.{ext}" for r in range(3)
+                                      for ext in ("json", "npz")]
+    index = json.loads((tmp_path / "ckpt" / "index.json").read_text())
+    assert index["world_size"] == 3
+    assert index["files"] == ["rank00000", "rank00001", "rank00002"]
+    assert index["meta"] == {"iteration": 10, "rank": 0}
+    assert index["arrays"]["w"] == {"axis": 0, "global_shape": [5, 7], "dtype": "float32",
+                                    "global_numel": 35, "shard_numel": 12,
+                                    "offsets": [0, 12, 24], "padding": 1}
+    assert index["arrays"]["m"] == {"axis": 0, "global_shape": [4], "dtype": "bfloat16",
+                                    "global_numel": 4, "shard_numel": 2,
+                                    "offsets": [0, 2, 4], "padding": 2}
+    assert index["arrays"]["step"] == {"full": True, "global_shape": [], "dtype": "int64"}
+
+    shards, idx = load_sharded(tmp_path / "ckpt")
+    assert idx == index and len(shards) == 3
+    assert same(shards[2]["w"], w_shards[2])                 # padding is still there
+    full = consolidate(tmp_path / "ckpt")
+    assert same(full["w"], w) and same(full["m"], m)
+    assert same(full["step"], np.array(10)) and same(full["lr"], np.array(3e-4))
+
+    save_consolidated(tmp_path / "full", full, {"iteration": 10})
+    again, meta = load_arrays(tmp_path / "full")
+    assert all(same(again[k], full[k]) for k in full) and meta == {"iteration": 10}
+
+
+def _save_three(d, step_per_rank=(5, 5, 5), sizes=(2, 2, 2)):
+    for r in range(3):
+        save_sharded(d, r, 3, {"x": np.full(sizes[r], float(r)),
+                               "step": np.array(step_per_rank[r])}, {}, sharded={"x": [5]})
+
+
+def test_replicated_arrays_must_agree(tmp_path):
+    _save_three(tmp_path, step_per_rank=(5, 5, 6))
+    with pytest.raises(CheckpointError, match="replicated array 'step' differs between "
+                                              "rank 0 and rank 2"):
+        consolidate(tmp_path)
+
+
+def test_shards_of_unequal_size_are_refused(tmp_path):
+    _save_three(tmp_path, sizes=(2, 2, 3))
+    with pytest.raises(CheckpointError, match=r"rank00002.json: array 'x' is float64 of shape "
+                                              r"\[3\], the index expects float64 of shape \[2\]"):
+        load_sharded(tmp_path)
+
+
+def test_a_missing_rank_file_is_named(tmp_path):
+    _save_three(tmp_path)
+    (tmp_path / "rank00001.npz").unlink()
+    with pytest.raises(CheckpointError, match="rank00001.npz does not exist"):
+        load_sharded(tmp_path)
+    with pytest.raises(CheckpointError, match="index.json does not exist"):
+        load_sharded(tmp_path / "elsewhere")
+
+
+def test_files_from_another_world_size_are_refused(tmp_path):
+    _save_three(tmp_path)
+    save_sharded(tmp_path, 1, 4, {"x": np.zeros(2), "step": np.array(5)}, {},
+                 sharded={"x": [5]})
+    with pytest.raises(CheckpointError, match="written by rank 1 of 4, but the index expects "
+                                              "rank 1 of 3"):
+        load_sharded(tmp_path)
+
+
+def test_save_sharded_checks_its_arguments(tmp_path):
+    with pytest.raises(CheckpointError, match=r"rank must be an int in \[0, 2\)"):
+        save_sharded(tmp_path, 2, 2, {"x": np.zeros(1)}, {})
+    with pytest.raises(CheckpointError, match=r"\['y'\] listed in `sharded`"):
+        save_sharded(tmp_path, 0, 2, {"x": np.zeros(1)}, {}, sharded={"y": [2]})
+    with pytest.raises(CheckpointError, match=r"at least ceil\(5/2\) = 3 elements"):
+        save_sharded(tmp_path, 0, 2, {"x": np.zeros(2)}, {}, sharded={"x": [5]})
+    assert os.listdir(tmp_path) == []
+
+
+@given(shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5),
+       world=st.integers(1, 5), extra=st.integers(0, 2),
+       dtype=st.sampled_from([np.float64, np.float32, np.int64, bf16]))
+def test_any_shape_over_any_shard_count_consolidates_to_the_original(shape, world, extra,
+                                                                     dtype):
+    n = int(np.prod(shape))
+    full = np.arange(n).astype(dtype).reshape(shape)
+    per_rank = -(-n // world) + extra               # ceil(n / world), plus alignment slack
+    padded = np.concatenate([full.ravel(), np.full(world * per_rank - n, 77).astype(dtype)])
+    with tempfile.TemporaryDirectory() as d:
+        for r in range(world):
+            save_sharded(d, r, world, {"x": padded[r * per_rank:(r + 1) * per_rank],
+                                       "step": np.array(3)}, {}, sharded={"x": list(shape)})
+        got = consolidate(d)
+        index = json.loads((Path(d) / "index.json").read_text())
+    assert same(got["x"], full) and same(got["step"], np.array(3))
+    assert index["arrays"]["x"]["padding"] == world * per_rank - n
+    assert index["arrays"]["x"]["offsets"] == [r * per_rank for r in range(world)]
+
+
+def test_ranks_that_disagree_on_what_is_sharded_are_refused(tmp_path):
+    save_sharded(tmp_path, 0, 2, {"x": np.zeros(2), "y": np.zeros(3)}, {}, sharded={"x": [4]})
+    save_sharded(tmp_path, 1, 2, {"x": np.zeros(2), "y": np.zeros(3)}, {},
+                 sharded={"x": [4], "y": [6]})
+    with pytest.raises(CheckpointError, match=r"rank00001.json was saved with sharded=.*'y'.*"
+                                              r"every rank must pass the same"):
+        load_sharded(tmp_path)
