@@ -1,5 +1,22 @@
-"""Checkpoints of a parallel training run: each rank writes what it holds; any layout loads it."""
+"""Checkpoints that know their layout: each rank writes what it holds; any layout loads it.
 
-from .dp import load, read_full_state, save_consolidated, save_sharded
+    save_sharded(engine, dir)       every rank holding unique state writes it, nothing is
+                                    gathered; files keyed by (pp, tp, dp_shard)  (sharded.py)
+    save_consolidated(engine, path) the single-device tensors in one file, by rank 0
+                                    (consolidated.py)
+    read_full_state(dir_or_path)    either form -> the single-device model's full named
+                                    tensors, without an engine                    (load.py)
+    load(engine, dir_or_path)       either form, into any dp size, ZeRO stage or FSDP
+                                    strategy, tp size (+- sequence parallelism) or one device
+
+`engine` is a data-parallel engine, a FullyShardedDataParallel or parallelize's run. What a
+rank holds comes from the engine's `local_state()`, where it sits in the full tensors from
+the parameters' tensor-parallel tags (layout.py). NumPy arrays and JSON only, never a
+pickle (minipar.files). docs/checkpoints.md walks through a save and its files.
+"""
+
+from .consolidated import save_consolidated
+from .load import load, read_full_state
+from .sharded import save_sharded
 
 __all__ = ["load", "read_full_state", "save_consolidated", "save_sharded"]

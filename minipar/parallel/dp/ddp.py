@@ -38,8 +38,8 @@ from ...optim.adam import AdamW
 from ...runtime.collectives import Work, all_reduce, broadcast
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
-from .engine import ROOT, DataParallelEngine, ModelParallelNorm, _check_optimizer
-from .flat import FlatParameter
+from .engine import ROOT, DataParallelEngine, LocalState, ModelParallelNorm, _check_optimizer
+from .flat import FlatParameter, FlatShard
 from .sharded_optimizer import OwnedPiece, ShardedOptimizer
 
 MIB = 2 ** 20  # bucket_cap_mb counts MiB, as in PyTorch
@@ -207,3 +207,17 @@ class DistributedDataParallel(DataParallelEngine):
         for i, piece in enumerate(self.optimizer.pieces):
             for k, arr in self.optimizer.state_arrays(i).items():
                 np.copyto(arr, states[piece.key][k].reshape(-1), casting="same_kind")
+
+    def local_state(self) -> LocalState:
+        """Every unit whole (one shard of one), replicated over the group; the weights and
+        moments laid out as a FlatParameter of world 1 (no padding), so copies."""
+        moments = {piece.key: self.optimizer.state_arrays(i)
+                   for i, piece in enumerate(self.optimizer.pieces)}
+        units = []
+        for unit, ps in self.units:
+            flat = FlatParameter(unit, ps, 1)
+            arrays = {"param": flat.flatten()}  # [numel]
+            for kind in moments[ps[0].name]:
+                arrays[kind] = np.concatenate([moments[p.name][kind] for p in ps])
+            units.append(FlatShard(flat, arrays))
+        return LocalState(units, None, self.group if self.group.size > 1 else None, self.steps)

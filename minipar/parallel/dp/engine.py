@@ -60,6 +60,7 @@ from ...optim.clip import clip_coef
 from ...runtime.collectives import all_reduce
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
+from .flat import FlatShard
 from .sharded_optimizer import ShardedOptimizer, check_optimizer_class, is_half
 
 ROOT = "root"  # the unit GPT.units() lists first: forward_pre first, backward_post last
@@ -76,6 +77,38 @@ class ModelParallelNorm:
 
     group: ProcessGroup
     counted: Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class LocalState:
+    """What one rank holds of the training state, and where it sits: `local_state()`.
+
+    units:          one FlatShard per unit, in unit order (flat.py): this rank's shard of
+                    the unit's flat weights, m, v (and masters), each [shard_numel]
+    shard_group:    the ranks the flat buffers are split over, shard i on group rank i
+                    (None: this rank holds every unit whole, as DDP does)
+    replica_group:  the ranks holding these same shards (DDP's group, HYBRID_SHARD's
+                    replicate group; None: nobody else), so the first one's copy is enough
+    step:           optimizer steps taken
+
+    Each parameter in a unit is this rank's array of that name; a model split across ranks
+    (tensor parallelism) tags its shards with where they sit in the full tensor.
+    """
+
+    units: list[FlatShard]
+    shard_group: Optional[ProcessGroup]
+    replica_group: Optional[ProcessGroup]
+    step: int
+
+    def shard(self) -> tuple[int, int]:
+        """(index, count): this rank holds shard `index` of `count` of every unit."""
+        g = self.shard_group
+        return (0, 1) if g is None else (g.group_rank(current().rank), g.size)
+
+    def replica(self) -> tuple[int, int]:
+        """(index, count) among the ranks that hold the same shards (0: the first)."""
+        g = self.replica_group
+        return (0, 1) if g is None else (g.group_rank(current().rank), g.size)
 
 
 class DataParallelEngine:
@@ -233,6 +266,12 @@ class DataParallelEngine:
 
     def _load_values(self, params: dict[str, np.ndarray],
                      states: dict[str, dict[str, np.ndarray]]) -> None:
+        raise NotImplementedError
+
+    def local_state(self) -> LocalState:
+        """What this rank holds, with no communication: its shard of every unit's weights
+        and optimizer states, and the groups they are split and replicated over. A sharded
+        checkpoint is written from it (parallel/checkpoint)."""
         raise NotImplementedError
 
     @contextlib.contextmanager

@@ -51,6 +51,20 @@ class Segment:
     offset: int
 
 
+@dataclass(frozen=True)
+class FlatShard:
+    """One rank's shard of a unit's flat buffers: shard i of `flat`'s N is, for each kind,
+
+        arrays[kind] = buffer_of_kind[i*S : (i+1)*S]        S = flat.shard_numel   # [S]
+
+    kinds: "param" (the weights, in the parameters' dtype), Adam's "m" and "v", and the
+    float32 "master" of a 16-bit model. Padding (the last shard's end) is zero in all.
+    """
+
+    flat: "FlatParameter"
+    arrays: dict[str, np.ndarray]
+
+
 class FlatParameter:
     """The layout of one unit's parameters in a padded flat buffer shared by `world` ranks.
 

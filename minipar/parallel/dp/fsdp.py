@@ -23,7 +23,7 @@ gathered inside the node only. Memory per rank is ZeRO-3's with N = the node's s
 
 Every method of the engine is available here by the same name: `no_sync()`, `step()`,
 `zero_grad()`, `summon_full_params()`, `full_state_dict()`, `load_full_state_dict()`,
-`full_grads()`.
+`full_grads()`, `local_state()`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ...runtime.context import current
 from ...runtime.group import ProcessGroup
 from ...runtime.mesh import DeviceMesh
 from .ddp import DistributedDataParallel
-from .engine import DataParallelEngine, ModelParallelNorm
+from .engine import DataParallelEngine, LocalState, ModelParallelNorm
 from .zero import ZeroEngine
 from .zero3 import Zero3Engine
 
@@ -158,6 +158,9 @@ class FullyShardedDataParallel:
 
     def full_grads(self) -> dict[str, np.ndarray]:
         return self.engine.full_grads()
+
+    def local_state(self) -> LocalState:
+        return self.engine.local_state()
 
     def remove_hooks(self) -> None:
         self.engine.remove_hooks()

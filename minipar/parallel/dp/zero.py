@@ -50,8 +50,8 @@ from ...optim.adam import AdamW
 from ...runtime.collectives import Work, all_gather, all_reduce, reduce_scatter
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
-from .engine import ROOT, DataParallelEngine, ModelParallelNorm, _check_optimizer
-from .flat import FlatParameter
+from .engine import ROOT, DataParallelEngine, LocalState, ModelParallelNorm, _check_optimizer
+from .flat import FlatParameter, FlatShard
 from .sharded_optimizer import OwnedPiece, ShardedOptimizer
 
 
@@ -304,3 +304,15 @@ class ZeroEngine(DataParallelEngine):
 
     def _load_weights(self, u: UnitState, w: np.ndarray) -> None:
         u.param[...] = w
+
+    def local_state(self) -> LocalState:
+        """Shard `me` of every unit's flat weights and states, as views: ZeRO-1/2 hold the
+        whole weights but only this shard is theirs (the other ranks own the rest); ZeRO-3
+        holds only it. HYBRID_SHARD: replicated over the replicate group."""
+        units = [FlatShard(u.flat, {"param": self._owned_weights(u),
+                                    **self.optimizer.state_arrays(i)})
+                 for i, u in enumerate(self.state.values())]
+        replicas = self.replicate_group
+        return LocalState(units, self.group,
+                          replicas if replicas is not None and replicas.size > 1 else None,
+                          self.steps)

@@ -1,0 +1,247 @@
+"""The sharded form: every rank that holds unique state writes it; nothing is gathered.
+
+(torch.distributed.checkpoint's sharded state dict; DeepSpeed's zero_pp_rank_* files and
+Megatron's mp_rank_* directories, in one directory.) A save into `dir` writes
+
+    dir/rank{n:05d}.npz/.json   one pair per writing rank, n = its file number (layout.py);
+                                its JSON's meta holds the coordinate and the save's id
+    dir/index.json              last, by the writer of file 0, once every file is written
+
+Each file holds, per unit u, this rank's shard of u's flat buffers (flat.py), and the step:
+
+    "<u>/param"       the weights, in the model's dtype (bfloat16 stays bfloat16)   [S]
+    "<u>/m", "<u>/v"  Adam's moments; "<u>/master" the float32 masters (16-bit)     [S]
+    "meta/step"       optimizer steps taken, 0-d int64
+
+Who writes: one rank per coordinate (pp, tp, dp_shard), the first of the ranks that hold
+the same shards. DDP: its group's first rank (per tp rank); ZeRO-1/2/3 and FSDP: every
+rank of the first replica (ZeRO-1/2 hold the whole weights but write only their shard);
+HYBRID_SHARD: the first replicate group. The only communication: a 16-byte broadcast of
+the save's random id, and barriers; over the world when the model is split (tp > 1).
+
+index.json:
+
+    {"format": "minipar-layout-checkpoint", "version": 1, "world_size": 4,   # files
+     "files": [{"file": "rank00000", "coordinate": {"pp": 0, "tp": 0, "dp_shard": 0}}, ...],
+     "arrays": {"root/param": {"shape": [S], "dtype": "float64", "over": "dp_shard",
+                               "shard_numel": S, "padding": 2}, ...},      # in every file
+     "meta": {"kind": ..., "save_id": ..., "mesh": {"pp": 1, "tp": 2, "dp_shard": 2,
+              "dp_replicate": 1}, "units": [...], "params": {...}, "config": {...}, ...}}
+
+with meta's "units" and "params" as in layout.py. Every file of one save carries the same
+save id; a directory mixing files of two saves (a crash midway) is refused, as is a file
+whose coordinate, arrays or step disagree with the index.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from ... import files
+from ...files import CheckpointError
+from ...runtime.collectives import barrier, broadcast
+from ...runtime.context import current
+from ..dp.sharded_optimizer import is_half
+from .layout import (KIND, RankLayout, assemble, check_kind, describe, file_coordinates,
+                     rank_layout, unwrap)
+
+FORMAT = "minipar-layout-checkpoint"
+VERSION = 1
+PathLike = Union[str, os.PathLike]
+
+
+def save_sharded(engine, dirpath: PathLike, groups=None) -> None:
+    """Every rank calls this (inside `launch`); each rank holding unique state writes it to
+    dirpath/rank{n:05d}.npz/.json, and the writer of file 0 writes dirpath/index.json.
+
+    engine: a data-parallel engine, a FullyShardedDataParallel, or parallelize's run;
+    groups: the run's ParallelGroups (taken from a run), checked against the parameters.
+    """
+    e, groups = unwrap(engine, groups)
+    layout = rank_layout(e, groups)
+    save_id = _new_save_id(layout)
+    d = Path(dirpath)
+    arrays = {f"{s.flat.unit}/{kind}": a for s in layout.state.units
+              for kind, a in s.arrays.items()}
+    arrays["meta/step"] = np.array(layout.state.step, dtype=np.int64)
+    if layout.writes:
+        d.mkdir(parents=True, exist_ok=True)
+        files.save_arrays(d / files.shard_file_stem(layout.file_number), arrays,
+                          {"kind": KIND, "form": "sharded", "save_id": save_id,
+                           "coordinate": layout.coordinate})
+    _barrier(layout)  # every file is written: the index may now point at them
+    if layout.writes and layout.file_number == 0:
+        _write_json(d / files.INDEX_NAME, _index(layout, e, save_id, arrays))
+    _barrier(layout)  # nobody leaves before the index exists (a load may follow)
+
+
+def _new_save_id(layout: RankLayout) -> str:
+    """A random id, the same on every writing rank: the first rank's, broadcast."""
+    mine = np.frombuffer(uuid.uuid4().bytes, dtype=np.uint8)  # [16]
+    group = current().world if layout.split else layout.state.shard_group
+    if group is not None and group.size > 1:
+        mine = broadcast(mine, src=group.ranks[0], group=group)
+    return bytes(mine).hex()
+
+
+def _barrier(layout: RankLayout) -> None:
+    for g in layout.groups():
+        barrier(group=g)
+
+
+def _index(layout: RankLayout, engine, save_id: str, arrays: dict[str, np.ndarray]) -> dict:
+    table: dict[str, dict[str, Any]] = {}
+    for s in layout.state.units:
+        for kind, a in s.arrays.items():
+            table[f"{s.flat.unit}/{kind}"] = {
+                "shape": list(a.shape), "dtype": a.dtype.name, "over": "dp_shard",
+                "shard_numel": s.flat.shard_numel, "padding": s.flat.padding}
+    table["meta/step"] = {"shape": [], "dtype": "int64"}
+    coords = file_coordinates(layout.sizes)
+    return {"format": FORMAT, "version": VERSION, "world_size": len(coords),
+            "files": [{"file": files.shard_file_stem(n), "coordinate": c}
+                      for n, c in enumerate(coords)],
+            "arrays": table, "meta": describe(layout, engine, "sharded", save_id)}
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    """doc -> path atomically: a temporary file beside it, fsynced, then os.replace."""
+    body = json.dumps(doc, indent=1).encode()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ---- reading ---------------------------------------------------------------------------
+def read_sharded(d: Path) -> tuple[dict[str, np.ndarray], dict]:
+    """(the full state, in full_state_dict's keys and the single-device shapes, and the
+    checkpoint's metadata) from a sharded checkpoint directory; every file checked."""
+    index = _read_index(d)
+    meta = index["meta"]
+    pieces: list[dict[str, np.ndarray]] = []
+    for t in range(meta["mesh"]["tp"]):
+        mine = [(f, f["coordinate"]["dp_shard"]) for f in index["files"]
+                if f["coordinate"]["tp"] == t]
+        shards = [_read_file(d, f, index) for f, _ in sorted(mine, key=lambda x: x[1])]
+        pieces.append(_unflatten(shards, meta, d))
+    out = assemble(pieces, meta["params"], list(meta["state_kinds"]), d)
+    for key, a in out.items():
+        out[key] = a.astype(np.float32) if is_half(a.dtype) else a
+    out["meta/step"] = np.array(meta["step"], dtype=np.int64)
+    return out, meta
+
+
+def _read_index(d: Path) -> dict:
+    where = d / files.INDEX_NAME
+    try:
+        index = json.loads(where.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{where} is not valid JSON ({e}); it is damaged") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        got = index.get("format") if isinstance(index, dict) else type(index).__name__
+        raise CheckpointError(f"{where} has format {got!r}, expected {FORMAT!r}: write it "
+                              "with minipar.parallel.checkpoint.save_sharded")
+    if index.get("version") != VERSION:
+        raise CheckpointError(f"{where} has version {index.get('version')!r}; this minipar "
+                              f"reads version {VERSION}")
+    meta = index.get("meta")
+    check_kind(meta, where, "sharded")
+    mesh = meta.get("mesh", {})
+    try:
+        expected = [{"file": files.shard_file_stem(n), "coordinate": c}
+                    for n, c in enumerate(file_coordinates(mesh))]
+    except (KeyError, TypeError):
+        expected = None
+    if (expected is None or index.get("files") != expected
+            or index.get("world_size") != len(expected)
+            or not isinstance(index.get("arrays"), dict)):
+        raise CheckpointError(f"{where} is damaged: expected world_size, an 'arrays' table "
+                              f"and one file per coordinate of the mesh {mesh}, numbered in "
+                              "(pp, tp, dp_shard) order")
+    if mesh["pp"] != 1:
+        raise CheckpointError(f"{where} holds {mesh['pp']} pipeline stages; this minipar "
+                              "has no pipeline parallelism yet and reads pp = 1 only")
+    return index
+
+
+def _read_file(d: Path, entry: dict, index: dict) -> dict[str, np.ndarray]:
+    """One rank's arrays, checked against the index: same save, coordinate, names, shapes."""
+    arrays, fmeta = files.load_arrays(d / entry["file"])  # no pickles; .npz matches .json
+    js = files.checkpoint_paths(d / entry["file"])[1]
+    ours, theirs = index["meta"]["save_id"], fmeta.get("save_id")
+    if theirs != ours:
+        raise CheckpointError(
+            f"{js} belongs to save {theirs!r}, but {d / files.INDEX_NAME} to save {ours!r}: "
+            "the directory mixes files of two saves (one was interrupted). Save again, or "
+            "restore the directory of one save")
+    if fmeta.get("coordinate") != entry["coordinate"]:
+        raise CheckpointError(f"{js} was written at coordinate {fmeta.get('coordinate')}, but "
+                              f"the index lists {entry['coordinate']} for it; files were "
+                              "renamed or moved. Restore the names the save gave them")
+    table = index["arrays"]
+    if arrays.keys() != table.keys():
+        raise CheckpointError(f"{js} holds arrays {sorted(arrays)}, the index lists "
+                              f"{sorted(table)}; every file of a save holds the same names")
+    for name, spec in table.items():
+        a = arrays[name]
+        if list(a.shape) != spec.get("shape") or a.dtype.name != spec.get("dtype"):
+            raise CheckpointError(f"{js}: array {name!r} is {a.dtype.name} {list(a.shape)}, "
+                                  f"the index expects {spec.get('dtype')} {spec.get('shape')}")
+    if int(arrays["meta/step"]) != index["meta"]["step"]:
+        raise CheckpointError(f"{js} was saved at step {int(arrays['meta/step'])}, the index at "
+                              f"step {index['meta']['step']}; the directory mixes two saves")
+    return arrays
+
+
+def _unflatten(shards: list[dict[str, np.ndarray]], meta: dict, d: Path
+               ) -> dict[str, np.ndarray]:
+    """The dp_shard files of one tensor-parallel piece -> {full_state_dict key: tensor}."""
+    out = {}
+    for unit in meta["units"]:
+        for kind in ["param"] + list(meta["state_kinds"]):
+            array = f"{unit['name']}/{kind}"
+            if array not in shards[0]:
+                raise CheckpointError(f"{d}: the layout lists unit {unit['name']!r}, but the "
+                                      f"files hold no {array!r}; the index is damaged")
+            flat = np.concatenate([s[array] for s in shards])
+            if flat.shape[0] < unit["numel"]:
+                raise CheckpointError(f"{d}: unit {unit['name']!r} has {unit['numel']} "
+                                      f"elements, but its {kind!r} shards hold {flat.shape[0]}")
+            for name, view in _split(unit, flat[:unit["numel"]], d):
+                key = f"param/{name}" if kind == "param" else f"optim/{name}.{kind}"
+                out[key] = view.copy()
+    return out
+
+
+def _split(unit: dict, flat: np.ndarray, d: Path):
+    """(parameter name, its tensor) for each parameter the layout puts in `flat`, checking
+    that the parameters tile [0, numel) end to end, in order."""
+    at = 0
+    for p in unit["params"]:
+        n = math.prod(p["shape"])
+        if p["offset"] != at or at + n > unit["numel"]:
+            raise CheckpointError(
+                f"{d}: in unit {unit['name']!r}, {p['name']} is placed at offset "
+                f"{p['offset']} with {n} elements; expected offset {at} and an end within "
+                f"{unit['numel']}. The index's layout is damaged")
+        yield p["name"], flat[at:at + n].reshape(p["shape"])
+        at += n
+    if at != unit["numel"]:
+        raise CheckpointError(f"{d}: the parameters of unit {unit['name']!r} cover {at} of "
+                              f"its {unit['numel']} elements; the index's layout is damaged")
