@@ -5,7 +5,7 @@
     save_consolidated(engine, path) the single-device tensors in one file, by rank 0
                                     (consolidated.py)
     read_full_state(dir_or_path)    either form -> the single-device model's full named
-                                    tensors, without an engine                    (load.py)
+                                    tensors, without an engine                    (full_state.py)
     load(engine, dir_or_path)       either form, into any dp size, ZeRO stage or FSDP
                                     strategy, tp size (+- sequence parallelism) or one device
 
@@ -16,7 +16,7 @@ pickle (minipar.files). docs/checkpoints.md walks through a save and its files.
 """
 
 from .consolidated import save_consolidated
-from .load import load, read_full_state
+from .full_state import load, read_full_state
 from .sharded import save_sharded
 
 __all__ = ["load", "read_full_state", "save_consolidated", "save_sharded"]

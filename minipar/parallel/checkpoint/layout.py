@@ -38,7 +38,8 @@ KIND = "minipar-dp-checkpoint"  # meta["kind"] of both forms
 COORDINATE = ("pp", "tp", "dp_shard")
 #: GPTConfig fields that make two models compute different functions; the others (seed,
 #: init_std, dropout, recompute, recompute_every) may change between a save and a load,
-#: and dtype is checked on its own (the state's precision)
+#: and dtype is checked on its own (the state's precision). The seed also draws the dropout
+#: masks: with dropout on, a run resumes exactly only under the seed it was saved with
 ARCHITECTURE = ("vocab_size", "seq_len", "hidden", "num_heads", "num_layers", "ffn_hidden",
                 "tie_embeddings", "gelu", "layernorm_eps")
 

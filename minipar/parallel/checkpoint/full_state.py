@@ -1,4 +1,4 @@
-"""Reading a checkpoint of either form, and loading it into any layout.
+"""The full state, the pivot of every load: read from either form, cut for any layout.
 
     read_full_state(dir_or_path)  -> the single-device model's full named tensors (no engine)
     load(engine, dir_or_path)     -> this rank's part of them, into any engine and layout
