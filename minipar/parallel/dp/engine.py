@@ -50,14 +50,13 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
+from ...nn.hooks import ROOT  # "root", the unit GPT.units() lists first
 from ...nn.parameter import Parameter
 from ...optim.clip import clip_coef
 from ...runtime.collectives import all_reduce
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
 from .sharded_optimizer import ShardedOptimizer, check_optimizer_class, is_half
-
-ROOT = "root"  # the unit GPT.units() lists first: forward_pre first, backward_post last
 
 
 class DataParallelEngine:
