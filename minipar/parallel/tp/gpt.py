@@ -19,8 +19,9 @@ places inside the steps where a parallel layout differs (marked in nn/gpt.py): t
 dropout generator, the sequence-parallel scatter of the residual stream, the logits, the
 loss and the SequenceParallelGrads flush that completes a unit's gradients. The
 data-parallel engines wrap it unchanged on a dp × tp mesh: give them the dp group, and
-this model the tp group. Pass (dp_rank, dp_size) so that dropout masks are the global
-batch's (see random.py).
+this model the tp group. `batch_shard` says which block of the global batch this rank's
+tokens are, so that dropout masks are the global batch's (see random.py);
+`parallel.mesh.parallelize` builds all of it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ...nn.saved import Saved
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
 from .mappings import scatter_to_sequence_parallel_region
-from .random import TensorParallelRNG
+from .random import TensorParallelRNG, check_batch_shard
 from .sequence import SequenceParallelGrads, SequenceParallelLayerNorm
 from .layers import ColumnParallelLinear, divide, gather_parameter
 from .block import ParallelTransformerLayer, residual_stream_rng
@@ -61,25 +62,16 @@ class TensorParallelGPT(GPT):
     """GPT split over `tp_group`; `sequence_parallel` splits the residual stream along s."""
 
     def __init__(self, cfg: GPTConfig, tp_group: ProcessGroup, sequence_parallel: bool = False,
-                 dp_rank: int = 0, dp_size: int = 1):
+                 batch_shard: tuple[int, int] = (0, 1)):
         check_tensor_parallel(cfg, tp_group.size, sequence_parallel)
-        if not 0 <= dp_rank < dp_size:
-            raise ValueError(f"dp_rank must be in [0, dp_size) = [0, {dp_size}), got "
-                             f"{dp_rank}: pass this rank's position in its data-parallel "
-                             "group (dp_group.group_rank(ctx.rank)) and the group's size")
+        self.batch_shard = check_batch_shard(batch_shard)
         self.group, self.sequence_parallel = tp_group, sequence_parallel
         self.tp_rank = tp_group.group_rank(current().rank)
-        self.dp = (dp_rank, dp_size)
         self.root_grads = SequenceParallelGrads(tp_group) if sequence_parallel else None
         super().__init__(cfg)  # builds the parts below, in GPT's order
         # the collector each unit's backward flushes (None: its gradients are complete)
         self.unit_grads = {ROOT: self.root_grads, **{
             block_unit(i): blk.sp_grads for i, blk in enumerate(self.blocks)}}
-
-    @property
-    def tensor_parallel_group(self) -> ProcessGroup:
-        """What the data-parallel engines read to clip by the norm over dp and tp."""
-        return self.group
 
     def full_parameters(self, grad: bool = False) -> dict[str, np.ndarray]:
         """{name: the full array} gathered over the tp group (a collective): what the
@@ -116,7 +108,7 @@ class TensorParallelGPT(GPT):
         if isinstance(rng, TensorParallelRNG):
             return rng
         return TensorParallelRNG(super().dropout_rng(rng), self.tp_rank, self.group.size,
-                                 *self.dp)
+                                 self.batch_shard)
 
     def residual_rng(self, rng: TensorParallelRNG):
         return residual_stream_rng(rng, self.sequence_parallel)
