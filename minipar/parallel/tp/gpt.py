@@ -26,8 +26,6 @@ tokens are, so that dropout masks are the global batch's (see random.py);
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 from ...nn.config import GPTConfig
