@@ -7,8 +7,8 @@ Saved for backward (Korthikanti et al. 2022, section 4.1; 2-byte activations):
 The dropout after the MLP belongs to the block (its 1-byte mask, sbh).
 
 Any object with `forward(x, rng) -> (y, saved)`, `backward(dy, saved) -> dx` and
-`parameters()` can stand in for this MLP in a `Block`: that is where a mixture of experts
-plugs in.
+`parameters()` can stand in for this MLP in a `Block` (`dense_parts(name, cfg, mlp=...)`,
+or `GPT(cfg, mlp_factory=...)`): that is where a mixture of experts plugs in.
 """
 
 from __future__ import annotations
