@@ -12,9 +12,10 @@ from .device import DeviceSpec
 from .errors import (CollectiveMismatchError, CollectiveUsageError, DeadlockError,
                      MiniparError, RankFailedError, SimulatedOutOfMemoryError, WorldAborted)
 from .group import ProcessGroup
-from .launch import LaunchResult, launch
+from .launch import launch
 from .ledger import CATEGORIES, MemoryLedger
 from .mesh import DeviceMesh
+from .result import LaunchResult
 from .topology import Link, Topology
 
 __all__ = [
