@@ -5,13 +5,14 @@
 
 One float32 training step of a GPT on a global batch of B sequences (`loss_and_grad`, the
 optimizer step, `zero_grad`) on one simulated device, against the same step on 4 simulated
-ranks laid out as `init_device_mesh((2, 2), ("dp", "tp"))`: each rank runs
-`TensorParallelGPT` on the tp group (half of every weight matrix, half the heads) and on
-its data-parallel block of B/2 sequences (`split_data_parallel`), and a data-parallel
-engine over the dp group steps AdamW. Three 2 x 2 variants:
+ranks built by `parallelize(cfg, ParallelDims(dp_replicate=2, tp=2), zero=0)` (ZeRO:
+`dp_shard=2`): each rank
+runs `TensorParallelGPT` on the tp group (half of every weight matrix, half the heads) and
+on its data-parallel block of B/2 sequences, and a data-parallel engine over the dp group
+steps AdamW. Three 2 x 2 variants:
 
-    DDP          zero_engine(stage=0): gradients all-reduced over dp in buckets
-    ZeRO-1       zero_engine(stage=1): gradients reduce-scattered, Adam on half, all-gathered
+    DDP          zero=0: gradients all-reduced over dp in buckets
+    ZeRO-1       zero=1: gradients reduce-scattered, Adam on half, all-gathered
     DDP + SP     DDP with sequence_parallel=True: the residual stream, LayerNorms and
                  dropout split along s over tp (all-gather / reduce-scatter instead of the
                  tensor-parallel all-reduces)
@@ -42,8 +43,7 @@ import minipar as mp
 from minipar.data import split_data_parallel
 from minipar.nn import GPT
 from minipar.optim import AdamW
-from minipar.parallel import zero_engine
-from minipar.parallel.tp.gpt import TensorParallelGPT
+from minipar.parallel import ParallelDims, ParallelGroups, build_model, parallelize
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dp import (OPT, WALL_BATCH, WALL_CONFIG, batch, blas_threads,  # noqa: E402
@@ -62,17 +62,20 @@ def mesh_steps(cfg, ids, tgt, steps: int, stage: Optional[int], sequence_paralle
     """Wall seconds of `steps` 2 x 2 (dp x tp) steps (after a warm-up), timed on rank 0
     from a barrier to a barrier; with `profile`, rank 0's cProfile of them. stage None: no
     engine, each rank steps its own AdamW on its own gradients (no dp communication)."""
+    # DDP's dp ranks are replicas (dp_replicate); ZeRO partitions over them (dp_shard)
+    dims = (ParallelDims(dp_replicate=DP, tp=TP) if stage in (None, 0)
+            else ParallelDims(dp_shard=DP, tp=TP))
+
     def program(ctx):
-        mesh = mp.init_device_mesh((DP, TP), ("dp", "tp"))
-        tp = mesh.get_group("tp", ctx.rank)
-        dp = mesh.get_group("dp", ctx.rank)
-        dp_rank = mesh.coordinate(ctx.rank)["dp"]
-        model = TensorParallelGPT(cfg, tp, sequence_parallel=sequence_parallel,
-                                  dp_rank=dp_rank, dp_size=DP)
-        engine = (AdamW(model.parameters(), **OPT) if stage is None
-                  else zero_engine(model, stage=stage, process_group=dp,
-                                   optimizer_cls=AdamW, **OPT))
-        x, y = split_data_parallel(ids, tgt, dp_rank, DP)
+        groups = ParallelGroups(dims)
+        if stage is None:  # the tensor-parallel model alone: each rank steps its own shards
+            model = build_model(cfg, groups, sequence_parallel)
+            engine = AdamW(model.parameters(), **OPT)
+        else:
+            run = parallelize(cfg, dims, zero=stage, sequence_parallel=sequence_parallel,
+                              groups=groups, **OPT)
+            model, engine = run.model, run.engine
+        x, y = split_data_parallel(ids, tgt, *groups.batch_shard)
         return timed_steps(model, engine, x, y, steps, profile and ctx.rank == 0)
 
     return mp.launch(program, DP * TP)[0]

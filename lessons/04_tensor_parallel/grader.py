@@ -10,6 +10,7 @@ from minipar.course.grading import SETTINGS, exercise, expect_close, expect_equa
 from minipar.nn.cross_entropy import cross_entropy_forward
 from minipar.nn.layernorm import layernorm_backward
 from minipar.nn.saved import Saved
+from minipar.parallel.mesh import ParallelDims, ParallelGroups
 from minipar.parallel.tp.layers import ColumnParallelLinear, RowParallelLinear
 
 WORLD = st.integers(1, 4)
@@ -17,11 +18,11 @@ SEED = st.integers(0, 2**16)
 
 
 def tp_group():
-    """This rank's tensor-parallel group on a (2, tp) mesh ("dp", "tp"): two groups of
-    consecutive ranks, each running the same check, so that an answer which ignores
-    `group` and reduces over the whole world is caught (its sums come out doubled)."""
-    world = mp.get_world_size()
-    return mp.init_device_mesh((2, world // 2), ("dp", "tp")).get_group("tp", mp.get_rank())
+    """This rank's tensor-parallel group on a dp = 2 x tp mesh: two groups of consecutive
+    ranks, each running the same check, so that an answer which ignores `group` and
+    reduces over the whole world is caught (its sums come out doubled)."""
+    dims = ParallelDims(dp_replicate=2, tp=mp.get_world_size() // 2)
+    return ParallelGroups(dims).tp
 
 
 def bias_values(n: int) -> np.ndarray:

@@ -15,5 +15,7 @@ from .dp import *  # noqa: F401,F403
 from .dp import __all__ as _dp_all
 from .tp import *  # noqa: F401,F403
 from .tp import __all__ as _tp_all
+from .mesh import *  # noqa: F401,F403
+from .mesh import __all__ as _mesh_all
 
-__all__ = list(_dp_all) + list(_tp_all)
+__all__ = list(_dp_all) + list(_tp_all) + list(_mesh_all)

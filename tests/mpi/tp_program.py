@@ -1,5 +1,5 @@
-"""A dp x tp training run for the MPI backend: TensorParallelGPT with sequence parallelism
-and dropout, 2 x 2 mesh, ZeRO-1 over dp, 2 AdamW steps with clipping.
+"""A dp x tp training run for the MPI backend, built by `parallelize`: TensorParallelGPT with
+sequence parallelism and dropout, 2 x 2 mesh, ZeRO-1 over dp, 2 AdamW steps with clipping.
 
     mpiexec -n 4 python tests/mpi/tp_program.py mpi OUT_DIR    # one process per rank
     python tests/mpi/tp_program.py sim OUT_DIR                 # four simulated devices
@@ -16,12 +16,11 @@ import sys
 import numpy as np
 
 import minipar as mp
-from minipar.data.batches import split_data_parallel
 from minipar.nn import GPTConfig
-from minipar.optim import AdamW
-from minipar.parallel import TensorParallelGPT, zero_engine
+from minipar.parallel import ParallelDims, parallelize
 
-WORLD, DP, TP = 4, 2, 2
+DIMS = ParallelDims(dp_shard=2, tp=2)
+WORLD = DIMS.world_size
 CFG = GPTConfig(vocab_size=16, seq_len=8, hidden=16, num_heads=4, num_layers=2, dropout=0.1,
                 seed=5)
 OPT = dict(lr=1e-2, weight_decay=0.1)
@@ -35,17 +34,9 @@ def batches() -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def program(ctx) -> dict[str, np.ndarray]:
-    mesh = mp.init_device_mesh((DP, TP), ("dp", "tp"))
-    tp, dp = mesh.get_group("tp", ctx.rank), mesh.get_group("dp", ctx.rank)
-    dp_rank = dp.group_rank(ctx.rank)
-    model = TensorParallelGPT(CFG, tp, sequence_parallel=True, dp_rank=dp_rank, dp_size=DP)
-    engine = zero_engine(model, AdamW, stage=1, process_group=dp, max_grad_norm=MAX_NORM,
-                         **OPT)
-    losses = []
-    for ids, tgt in batches():
-        losses.append(model.loss_and_grad(*split_data_parallel(ids, tgt, dp_rank, DP)))
-        engine.step()
-        engine.zero_grad()
+    run = parallelize(CFG, DIMS, zero=1, sequence_parallel=True, max_grad_norm=MAX_NORM, **OPT)
+    losses = [run.train_step(ids, tgt) for ids, tgt in batches()]
+    model, engine = run.model, run.engine
     out = {f"param/{p.name}": p.data for p in model.parameters()}
     out["losses"] = np.array(losses)
     out["grad_norm"] = np.array(engine.last_grad_norm)

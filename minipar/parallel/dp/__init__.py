@@ -17,14 +17,14 @@ is also summed over, which parameters are duplicates there) is passed in by para
 """
 
 from .ddp import DistributedDataParallel
-from .engine import DataParallelEngine, accumulate_gradients
+from .engine import DataParallelEngine, ModelParallelNorm, accumulate_gradients
 from .flat import FlatParameter, Segment
 from .fsdp import FullyShardedDataParallel, ShardingStrategy, hybrid_mesh, zero_engine
 from .sharded_optimizer import OwnedPiece, ShardedOptimizer
 from .zero import ZeroEngine
 from .zero3 import Zero3Engine
 
-__all__ = ["DistributedDataParallel", "DataParallelEngine", "accumulate_gradients",
+__all__ = ["DistributedDataParallel", "DataParallelEngine", "ModelParallelNorm", "accumulate_gradients",
            "FlatParameter", "Segment", "FullyShardedDataParallel", "ShardingStrategy",
            "hybrid_mesh", "OwnedPiece", "ShardedOptimizer", "ZeroEngine", "zero_engine",
            "Zero3Engine"]

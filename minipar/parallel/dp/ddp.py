@@ -38,7 +38,7 @@ from ...optim.adam import AdamW
 from ...runtime.collectives import Work, all_reduce, broadcast
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
-from .engine import ROOT, DataParallelEngine, _check_optimizer
+from .engine import ROOT, DataParallelEngine, ModelParallelNorm, _check_optimizer
 from .flat import FlatParameter
 from .sharded_optimizer import OwnedPiece, ShardedOptimizer
 
@@ -65,15 +65,19 @@ class DistributedDataParallel(DataParallelEngine):
     process_group:  the data-parallel group (default: the world)
     bucket_cap_mb:  a bucket is closed once it holds at least this many MiB of gradients
     max_grad_norm:  clip by the global gradient norm before the step (None: no clipping)
+    model_parallel: with a model split across ranks, how its gradient norm is completed
+                    (engine.py; parallel.mesh.parallelize passes it)
     """
 
     stage = 0
 
     def __init__(self, model, optimizer_cls: type = AdamW, *,
                  process_group: Optional[ProcessGroup] = None, bucket_cap_mb: float = 25.0,
-                 max_grad_norm: Optional[float] = None, **optimizer_kwargs):
+                 max_grad_norm: Optional[float] = None,
+                 model_parallel: Optional[ModelParallelNorm] = None, **optimizer_kwargs):
         _check_optimizer(optimizer_cls, optimizer_kwargs)
-        super().__init__(model, process_group or current().world, None, max_grad_norm)
+        super().__init__(model, process_group or current().world, None, max_grad_norm,
+                         model_parallel)
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
         self.bucket_cap_bytes = bucket_cap_mb * MIB

@@ -35,18 +35,23 @@ and every rank scales by the same min(1, max_norm / (||g|| + 1e-6)). Clipping ea
 its own norm is the classic bug: the coefficients differ between ranks, the update is no
 longer the single-device update, and shards drift apart (tests/parallel show it).
 
-Under tensor parallelism (a model with a `tensor_parallel_group`, on a dp x tp mesh) the
-gradient is split across tp too: tensor-parallel shards are summed over the tp group, and
-parameters replicated across it (LayerNorms, biases of row-parallel layers, position
-embeddings) are counted on tp rank 0 only — Megatron's
-`param_is_not_tensor_parallel_duplicate` — then the squares are all-reduced over tp.
+When the model itself is split (tensor parallelism on a dp x tp mesh) the gradient is split
+across the model-parallel group too. The engine does not know which form split it: it is
+given a `ModelParallelNorm` (parallel/mesh builds it) naming the group to sum the squares
+over and which parameters this rank counts — a parameter replicated across the group
+(LayerNorms, biases of row-parallel layers, position embeddings) is counted once, on its
+first rank, as Megatron's `param_is_not_tensor_parallel_duplicate`:
+
+    ||g||^2 = all_reduce over the model-parallel group of
+              (sum over the shard group of the squares this rank counts)
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -60,6 +65,19 @@ from .sharded_optimizer import ShardedOptimizer, check_optimizer_class, is_half
 ROOT = "root"  # the unit GPT.units() lists first: forward_pre first, backward_post last
 
 
+@dataclass(frozen=True)
+class ModelParallelNorm:
+    """How a gradient norm is completed across the ranks that split the model.
+
+    group:    the squares of every rank's counted gradients are summed over it
+    counted:  counted(parameter name) -> bool: whether this rank adds that parameter's
+              squares (a parameter replicated across `group` is counted on one rank only)
+    """
+
+    group: ProcessGroup
+    counted: Callable[[str], bool]
+
+
 class DataParallelEngine:
     """Base of DDP, ZeRO-1/2/3 and FSDP. Subclasses provide the gradient and parameter
     traffic (through the model's hooks) and where the owned gradients live."""
@@ -68,9 +86,10 @@ class DataParallelEngine:
     stage: int = 0
 
     def __init__(self, model, group: ProcessGroup, shard_group: Optional[ProcessGroup],
-                 max_grad_norm: Optional[float]):
+                 max_grad_norm: Optional[float],
+                 model_parallel: Optional[ModelParallelNorm] = None):
         ctx = current()
-        for g in (group, shard_group):
+        for g in (group, shard_group, model_parallel and model_parallel.group):
             if g is not None and ctx.rank not in g:
                 raise ValueError(
                     f"rank {ctx.rank} is not a member of process group {g}: build the engine "
@@ -82,7 +101,7 @@ class DataParallelEngine:
             raise TypeError(f"{type(self).__name__} wraps a model with units() and hooks "
                             f"(minipar.nn.GPT); got {type(model).__name__}")
         self.model = model
-        self.tp_group: Optional[ProcessGroup] = getattr(model, "tensor_parallel_group", None)
+        self.model_parallel = model_parallel
         self.group = group  # DDP: the all-reduce group; ZeRO: the shard group
         self.shard_group = shard_group  # where states are partitioned (None: nowhere)
         self.max_grad_norm = max_grad_norm
@@ -98,6 +117,14 @@ class DataParallelEngine:
         self.dtype = dtypes.pop()
         # full shapes, recorded before any engine shards a parameter's storage away
         self.param_shapes = {p.name: tuple(p.shape) for _, ps in self.units for p in ps}
+        split = [p.name for _, ps in self.units for p in ps
+                 if getattr(p, "partition_count", 1) > 1]
+        if split and max_grad_norm is not None and model_parallel is None:
+            raise ValueError(
+                f"rank {ctx.rank}: the model holds tensor-parallel shards ({split[0]}, ...), "
+                "so its gradient norm needs the squares of the other shards too, but no "
+                "model_parallel=ModelParallelNorm(group, counted) was given. Build the run "
+                "with minipar.parallel.mesh.parallelize, which passes it")
         if self.dtype == np.float16:
             raise TypeError("float16 training needs loss scaling, which the data-parallel "
                             "engines do not implement; use dtype='bfloat16' (float32's range)")
@@ -158,22 +185,19 @@ class DataParallelEngine:
         if self.max_grad_norm is not None:
             local = self.optimizer.squared_grad_norm(grads, self._counted())
             total = self._sum_over_shards(local)
-            if self.tp_group is not None and self.tp_group.size > 1:
-                total = float(all_reduce(np.array([total]), "sum", group=self.tp_group)[0])
+            mp = self.model_parallel
+            if mp is not None and mp.group.size > 1:
+                total = float(all_reduce(np.array([total]), "sum", group=mp.group)[0])
             self.last_grad_norm = math.sqrt(total)
             if math.isfinite(self.last_grad_norm):  # inf/nan: leave them, as clip_grad_norm_
                 coef = clip_coef(self.last_grad_norm, self.max_grad_norm)
         self.optimizer.step(grads, coef)
         self._after_step()
 
-    def _counted(self):
-        """Under tensor parallelism: which parameters' squares this rank adds to the norm."""
-        if self.tp_group is None or self.tp_group.size == 1:
-            return None
-        first = self.tp_group.group_rank(current().rank) == 0
-        sharded = {p.name for _, ps in self.units for p in ps
-                   if getattr(p, "tensor_model_parallel", False)}
-        return lambda name: first or name in sharded
+    def _counted(self) -> Optional[Callable[[str], bool]]:
+        """Which parameters' squares this rank adds to the norm (None: all of them)."""
+        mp = self.model_parallel
+        return None if mp is None or mp.group.size == 1 else mp.counted
 
     def _sum_over_shards(self, local: float) -> float:
         """||g||^2 = sum over the shard group of each rank's sum of squares (replicas of a

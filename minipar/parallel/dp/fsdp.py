@@ -39,7 +39,7 @@ from ...runtime.context import current
 from ...runtime.group import ProcessGroup
 from ...runtime.mesh import DeviceMesh
 from .ddp import DistributedDataParallel
-from .engine import DataParallelEngine
+from .engine import DataParallelEngine, ModelParallelNorm
 from .zero import ZeroEngine
 from .zero3 import Zero3Engine
 
@@ -77,24 +77,29 @@ class FullyShardedDataParallel:
     """`FullyShardedDataParallel(model, AdamW, sharding_strategy=ShardingStrategy.FULL_SHARD,
     lr=..., max_grad_norm=...)`.
 
-    process_group:  the data-parallel group (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD)
-    device_mesh:    HYBRID_SHARD's 2-D ("replicate", "shard") mesh (default: from the topology)
+    process_group:  the data-parallel group (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD); for
+                    HYBRID_SHARD a pair (shard group, replicate group), as torch's FSDP
+                    takes it
+    device_mesh:    HYBRID_SHARD's 2-D ("replicate", "shard") mesh (default: from the
+                    topology, one shard group per node)
     reshard_after_forward, forward_prefetch, backward_prefetch, prefetch_depth,
     limit_all_gathers:
                     FULL_SHARD / HYBRID_SHARD knobs (see zero3.py)
     bucket_cap_mb:  NO_SHARD's gradient bucket size
+    model_parallel: with a model split across ranks, how its gradient norm is completed
     `self.engine` is the engine doing the work.
     """
 
     def __init__(self, model, optimizer_cls: type = AdamW, *,
                  sharding_strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD,
-                 process_group: Optional[ProcessGroup] = None,
+                 process_group: Union[ProcessGroup, tuple[ProcessGroup, ProcessGroup],
+                                      None] = None,
                  device_mesh: Optional[DeviceMesh] = None,
                  max_grad_norm: Optional[float] = None, reshard_after_forward: bool = True,
                  forward_prefetch: bool = False, backward_prefetch: bool = True,
                  prefetch_depth: int = 1, limit_all_gathers: Union[bool, int] = True,
                  bucket_cap_mb: float = 25.0,
-                 **optimizer_kwargs):
+                 model_parallel: Optional[ModelParallelNorm] = None, **optimizer_kwargs):
         if not isinstance(sharding_strategy, ShardingStrategy):
             raise TypeError(f"sharding_strategy must be a ShardingStrategy "
                             f"({[s.name for s in ShardingStrategy]}), got {sharding_strategy!r}")
@@ -103,8 +108,15 @@ class FullyShardedDataParallel:
                 raise ValueError(f"{sharding_strategy.name} shards over one group: pass a 1-D "
                                  f"device_mesh or a process_group, not {device_mesh}")
             process_group = device_mesh.get_group(device_mesh.mesh_dim_names[0], current().rank)
+        pair = isinstance(process_group, tuple)
+        if pair != (sharding_strategy is ShardingStrategy.HYBRID_SHARD and process_group
+                    is not None):
+            raise ValueError(f"a pair of process groups (shard, replicate) is HYBRID_SHARD's "
+                             f"and only HYBRID_SHARD's; got {sharding_strategy.name} with "
+                             f"process_group={process_group!r}")
         self.sharding_strategy = sharding_strategy
-        common = dict(max_grad_norm=max_grad_norm, **optimizer_kwargs)
+        common = dict(max_grad_norm=max_grad_norm, model_parallel=model_parallel,
+                      **optimizer_kwargs)
         stage3 = dict(reshard_after_forward=reshard_after_forward,
                       forward_prefetch=forward_prefetch, backward_prefetch=backward_prefetch,
                       prefetch_depth=prefetch_depth, limit_all_gathers=limit_all_gathers)
@@ -120,7 +132,7 @@ class FullyShardedDataParallel:
                                                   process_group=process_group,
                                                   bucket_cap_mb=bucket_cap_mb, **common)
         else:
-            shard, replicate = hybrid_mesh(device_mesh)
+            shard, replicate = process_group if pair else hybrid_mesh(device_mesh)
             self.engine = Zero3Engine(model, optimizer_cls, process_group=shard,
                                       replicate_group=replicate, **stage3, **common)
         self.model = model

@@ -50,7 +50,7 @@ from ...optim.adam import AdamW
 from ...runtime.collectives import Work, all_gather, all_reduce, reduce_scatter
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
-from .engine import ROOT, DataParallelEngine, _check_optimizer
+from .engine import ROOT, DataParallelEngine, ModelParallelNorm, _check_optimizer
 from .flat import FlatParameter
 from .sharded_optimizer import OwnedPiece, ShardedOptimizer
 
@@ -86,18 +86,20 @@ class ZeroEngine(DataParallelEngine):
     process_group:    the group states are partitioned over (default: the world), N ranks
     replicate_group:  optional group across which shards are replicated (HYBRID_SHARD):
                       gradients are averaged over shard group x replicate group
+    model_parallel:   with a model split across ranks, how its gradient norm is completed
     """
 
     def __init__(self, model, optimizer_cls: type = AdamW, *, stage: int = 1,
                  process_group: Optional[ProcessGroup] = None,
                  replicate_group: Optional[ProcessGroup] = None,
-                 max_grad_norm: Optional[float] = None, **optimizer_kwargs):
+                 max_grad_norm: Optional[float] = None,
+                 model_parallel: Optional[ModelParallelNorm] = None, **optimizer_kwargs):
         if stage not in self._stages():
             raise ValueError(f"{type(self).__name__} implements ZeRO stage(s) {self._stages()}, "
                              f"got stage={stage!r}; use zero_engine(model, stage=...) for 0-3")
         _check_optimizer(optimizer_cls, optimizer_kwargs)
         shard = process_group or current().world
-        super().__init__(model, shard, shard, max_grad_norm)
+        super().__init__(model, shard, shard, max_grad_norm, model_parallel)
         self.stage = stage
         self.replicate_group = replicate_group
         if replicate_group is not None and current().rank not in replicate_group:

@@ -55,7 +55,7 @@ import numpy as np
 from ...optim.adam import AdamW
 from ...runtime.collectives import Work, all_gather
 from ...runtime.group import ProcessGroup
-from .engine import ROOT
+from .engine import ROOT, ModelParallelNorm
 from .zero import UnitState, ZeroEngine
 
 
@@ -86,7 +86,7 @@ class Zero3Engine(ZeroEngine):
                  max_grad_norm: Optional[float] = None, reshard_after_forward: bool = True,
                  forward_prefetch: bool = False, backward_prefetch: bool = True,
                  prefetch_depth: int = 1, limit_all_gathers: Union[bool, int] = True,
-                 **optimizer_kwargs):
+                 model_parallel: Optional[ModelParallelNorm] = None, **optimizer_kwargs):
         self.reshard_after_forward = bool(reshard_after_forward)
         self.forward_prefetch = bool(forward_prefetch)
         self.backward_prefetch = bool(backward_prefetch)
@@ -100,7 +100,7 @@ class Zero3Engine(ZeroEngine):
         self._inflight: dict[str, Work] = {}  # unit -> prefetching all-gather
         super().__init__(model, optimizer_cls, stage=3, process_group=process_group,
                          replicate_group=replicate_group, max_grad_norm=max_grad_norm,
-                         **optimizer_kwargs)
+                         model_parallel=model_parallel, **optimizer_kwargs)
         names = [name for name, _ in self.units]
         self._forward_order = names  # root, blocks.0, ..., blocks.L-1
         self._backward_order = names[:1] + names[:0:-1]  # root, blocks.L-1, ..., blocks.0

@@ -14,8 +14,9 @@ single-device model's (tests/parallel/tp/test_equivalence.py). The position embe
 
 The model has GPT's interface — `forward`, `backward`, `loss_and_grad`, `parameters`,
 `units` (root, then blocks.i) and `hooks` — so the data-parallel engines wrap it unchanged
-on a dp × tp mesh: give them the dp group, and this model the tp group. Pass
-(dp_rank, dp_size) so that dropout masks are the global batch's (see random.py).
+on a dp × tp mesh: give them the dp group, and this model the tp group. `batch_shard`
+says which block of the global batch this rank's tokens are, so that dropout masks are the
+global batch's (see random.py); `parallel.mesh.parallelize` builds all of it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ...nn.parameter import Parameter
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
 from .mappings import scatter_to_sequence_parallel_region
-from .random import TensorParallelRNG
+from .random import TensorParallelRNG, check_batch_shard
 from .sequence import SequenceParallelGrads, SequenceParallelLayerNorm
 from .layers import ColumnParallelLinear, divide, gather_parameter
 from .block import ParallelTransformerLayer
@@ -57,15 +58,11 @@ class TensorParallelGPT:
     """GPT split over `tp_group`; `sequence_parallel` splits the residual stream along s."""
 
     def __init__(self, cfg: GPTConfig, tp_group: ProcessGroup, sequence_parallel: bool = False,
-                 dp_rank: int = 0, dp_size: int = 1):
+                 batch_shard: tuple[int, int] = (0, 1)):
         check_tensor_parallel(cfg, tp_group.size, sequence_parallel)
-        if not 0 <= dp_rank < dp_size:
-            raise ValueError(f"dp_rank must be in [0, dp_size) = [0, {dp_size}), got "
-                             f"{dp_rank}: pass this rank's position in its data-parallel "
-                             "group (dp_group.group_rank(ctx.rank)) and the group's size")
+        self.batch_shard = check_batch_shard(batch_shard)
         self.cfg, self.group, self.sequence_parallel = cfg, tp_group, sequence_parallel
         self.tp_rank = tp_group.group_rank(current().rank)
-        self.dp = (dp_rank, dp_size)
         dt, std, seed, g = cfg.np_dtype, cfg.init_std, cfg.seed, tp_group
         self.wte = VocabParallelEmbedding("wte", cfg.vocab_size, cfg.hidden, g, seed, dt, std)
         self.wpe = Embedding("wpe", cfg.seq_len, cfg.hidden, seed, dt, std)  # replicated
@@ -80,11 +77,6 @@ class TensorParallelGPT:
             sequence_parallel=sequence_parallel, seed=seed, dtype=dt, std=std,
             skip_weight_param_allocation=cfg.tie_embeddings)
         self.hooks = Hooks()
-
-    @property
-    def tensor_parallel_group(self) -> ProcessGroup:
-        """What the data-parallel engines read to clip by the norm over dp and tp."""
-        return self.group
 
     # ---- parameters ------------------------------------------------------------------
     def _root(self) -> list[Parameter]:
@@ -116,7 +108,7 @@ class TensorParallelGPT:
     # ---- forward and backward ---------------------------------------------------------
     def _rng(self, rng: Optional[np.random.Generator]) -> TensorParallelRNG:
         base = rng if rng is not None else np.random.default_rng(self.cfg.seed)
-        return TensorParallelRNG(base, self.tp_rank, self.group.size, *self.dp)
+        return TensorParallelRNG(base, self.tp_rank, self.group.size, self.batch_shard)
 
     def _embed_rng(self, rng: TensorParallelRNG):
         if self.sequence_parallel:

@@ -71,10 +71,13 @@ def shard(full: np.ndarray, dim: int, rank: int, size: int) -> np.ndarray:
 
 def tensor_parallel_parameter(name: str, full: np.ndarray, dim: int,
                               group: ProcessGroup) -> Parameter:
-    """This rank's shard of the full array `full`, split along `dim` over `group`."""
+    """This rank's shard of the full array `full`, split along `dim` over `group`; tagged as
+    Megatron tags it (tensor_model_parallel, partition_dim), plus which of how many shards it
+    is (partition_index of partition_count), so a checkpoint can place it in the full array."""
     r = group.group_rank(current().rank)
     p = Parameter(name, shard(full, dim, r, group.size))
     p.tensor_model_parallel, p.partition_dim = True, dim
+    p.partition_index, p.partition_count = r, group.size
     return p
 
 

@@ -27,7 +27,8 @@ generator (Philox, which GPU dropout kernels use) allows the same offset trick.
 
 With data parallelism too, each rank holds a block of the global batch (split_data_parallel),
 and the batch axis is sliced the same way: the masks equal those of one device running the
-global batch. `TensorParallelRNG.replicated(...)` and `.sharded(...)` hand out generator-like
+global batch. Which block is a question of the mesh, not of tensor parallelism: the
+composition home (parallel/mesh) answers it as `batch_shard = (index, count)` and passes it in. `TensorParallelRNG.replicated(...)` and `.sharded(...)` hand out generator-like
 objects with `random(shape)`, which is all `nn.dropout_forward` calls.
 """
 
@@ -36,6 +37,20 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+
+
+def check_batch_shard(batch_shard) -> tuple[int, int]:
+    """(index, count) with 0 <= index < count, or a ValueError saying what to pass."""
+    try:
+        index, count = (int(v) for v in batch_shard)
+        ok = 0 <= index < count and tuple(batch_shard) == (index, count)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"batch_shard must be (index, count) with 0 <= index < count: this "
+                         f"rank's block of the global batch, as ParallelGroups.batch_shard "
+                         f"gives it; got {batch_shard!r}")
+    return index, count
 
 
 class SlicedDraw:
@@ -85,26 +100,28 @@ class SlicedDraw:
 class TensorParallelRNG:
     """The dropout generators of one rank: replicated regions and tensor-parallel shards.
 
-    generator: the single-device model's generator, in the same state on every rank.
+    generator:    the single-device model's generator, in the same state on every rank
+    batch_shard:  (index, count): this rank's tokens are block `index` of `count` equal
+                  blocks of the global batch (data parallelism); (0, 1): the whole batch
     """
 
     def __init__(self, generator: np.random.Generator, tp_rank: int = 0, tp_size: int = 1,
-                 dp_rank: int = 0, dp_size: int = 1):
+                 batch_shard: tuple[int, int] = (0, 1)):
         self.generator = generator
         self.tp = (tp_rank, tp_size)
-        self.dp = (dp_rank, dp_size)
+        self.batch = check_batch_shard(batch_shard)
 
     def replicated(self, batch_axis: Optional[int]):
         """Identical on every tensor-parallel rank (Megatron's default state); only the
         data-parallel batch block is sliced out."""
-        if self.dp[1] == 1 or batch_axis is None:
+        if self.batch[1] == 1 or batch_axis is None:
             return self.generator
-        return SlicedDraw(self.generator, {batch_axis: self.dp})
+        return SlicedDraw(self.generator, {batch_axis: self.batch})
 
     def sharded(self, axis: int, batch_axis: Optional[int]):
         """Rank tp_rank's slice along `axis` (Megatron's `fork()` into the model-parallel
         state): different on every tensor-parallel rank."""
         cuts = {axis: self.tp}
-        if batch_axis is not None and self.dp[1] > 1:
-            cuts[batch_axis] = self.dp
+        if batch_axis is not None and self.batch[1] > 1:
+            cuts[batch_axis] = self.batch
         return SlicedDraw(self.generator, cuts)

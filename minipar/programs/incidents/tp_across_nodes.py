@@ -16,14 +16,16 @@ across nodes; MFU went back up to 48 %.
 
 How the run reproduces it: one bf16 training step (AdamW under DDP) of a GPT under
 TensorParallelGPT on 2 simulated nodes of 4 A100s (NVLink 3 inside a node, InfiniBand
-HDR, 200 Gb/s a GPU, between nodes), the same global batch in every layout, on a (dp, tp)
-device mesh. Ranks fill a node before the next (node = rank // 4):
+HDR, 200 Gb/s a GPU, between nodes), the same global batch in every layout, each built by
+`parallelize`. Ranks fill a node before the next (node = rank // 4):
 
-    tp=8 over 2 nodes, dp=1     mesh ("dp","tp") = (1, 8): the seed's layout, tp spans nodes
-    tp=4 across nodes, dp=2     mesh ("tp","dp") = (4, 2): tp groups {0,2,4,6} and {1,3,5,7}
-                                straddle the nodes, dp pairs share one: placement alone
-    tp=4 in node, dp=2 across   mesh ("dp","tp") = (2, 4): the tp groups are the nodes and
-                                only the gradient all-reduce crosses InfiniBand (the fix)
+    tp=8 over 2 nodes, dp=1     ParallelDims(tp=8): the seed's layout, tp spans nodes
+    tp=4 across nodes, dp=2     ParallelDims(dp_replicate=2, tp=4, order="dp-tp"): dp
+                                fastest, so tp groups {0,2,4,6} and {1,3,5,7} straddle
+                                the nodes and dp pairs share one: placement alone
+    tp=4 in node, dp=2 across   ParallelDims(dp_replicate=2, tp=4) (order "tp-cp-ep-dp-pp"):
+                                the tp groups are the nodes and only the gradient
+                                all-reduce crosses InfiniBand (the fix)
 
 Every layout charges each GPU the same matmul FLOPs (1/8 of the step's), so step times
 differ by communication alone. Step time is read from the simulated clocks (from a
@@ -56,13 +58,10 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ...data.batches import split_data_parallel
 from ...nn import GPTConfig
-from ...optim import AdamW
-from ...parallel import accumulate_gradients, zero_engine
-from ...parallel.tp.gpt import TensorParallelGPT, check_tensor_parallel
+from ...parallel import ParallelDims, accumulate_gradients, check_tensor_parallel, parallelize
 from ...plan import model_flops
-from ...runtime import barrier, init_device_mesh
+from ...runtime import barrier
 from ...runtime.cost import collective_cost
 from ...runtime.device import DeviceSpec
 from ...runtime.launch import launch
@@ -81,17 +80,19 @@ OPT = dict(lr=1e-3, weight_decay=0.1)
 SEED_70B = dict(hidden=8192, seq_len=4096, micro_batch=1, layers=80)
 
 
-def layouts(topo: Topology) -> dict[str, tuple[str, tuple[int, int], tuple[str, str]]]:
-    """key -> (label, mesh shape, mesh dimension names slowest first, as init_device_mesh
-    takes them) for n nodes of g GPUs: tp over all, tp = g across nodes, tp = g in a node."""
+def layouts(topo: Topology) -> dict[str, tuple[str, ParallelDims]]:
+    """key -> (label, ParallelDims) for n nodes of g GPUs: tp over all ranks; tp = g across
+    nodes (order "dp-tp": dp varies fastest, so a tp group takes every n-th rank); tp = g
+    in a node (Megatron's default order: tp fastest, a tp group is a node)."""
     n, g = topo.num_nodes, topo.gpus_per_node
     if n < 2 or g < 2:
         raise ValueError(f"incident A needs at least 2 nodes of at least 2 GPUs, got "
                          f"{topo.num_nodes} x {topo.gpus_per_node}")
     return {
-        "tp_all": (f"tp={n * g} over {n} nodes, dp=1", (1, n * g), ("dp", "tp")),
-        "tp_across": (f"tp={g} across nodes, dp={n}", (g, n), ("tp", "dp")),
-        "tp_in_node": (f"tp={g} in node, dp={n} across", (n, g), ("dp", "tp")),
+        "tp_all": (f"tp={n * g} over {n} nodes, dp=1", ParallelDims(tp=n * g)),
+        "tp_across": (f"tp={g} across nodes, dp={n}",
+                      ParallelDims(dp_replicate=n, tp=g, order="dp-tp")),
+        "tp_in_node": (f"tp={g} in node, dp={n} across", ParallelDims(dp_replicate=n, tp=g)),
     }
 
 
@@ -136,9 +137,9 @@ def measure(layout: str, cfg: GPTConfig = MODEL, global_batch: int = GLOBAL_BATC
     table = layouts(topology)
     if layout not in table:
         raise KeyError(f"no layout {layout!r}; the layouts are {sorted(table)}")
-    label, shape, names = table[layout]
+    label, dims = table[layout]
     world = topology.world_size
-    dp, tp = shape[names.index("dp")], shape[names.index("tp")]
+    dp, tp = dims.dp, dims.tp
     check_tensor_parallel(cfg, tp)
     if global_batch % dp:
         raise ValueError(f"the global batch of {global_batch} sequences must divide among "
@@ -148,18 +149,13 @@ def measure(layout: str, cfg: GPTConfig = MODEL, global_batch: int = GLOBAL_BATC
     targets = np.roll(ids, -1, axis=0)  # [s, B]: the next token
 
     def program(ctx):
-        mesh = init_device_mesh(shape, names)
-        tp_group, dp_group = mesh.get_group("tp", ctx.rank), mesh.get_group("dp", ctx.rank)
-        dp_rank = mesh.coordinate(ctx.rank)["dp"]
-        model = TensorParallelGPT(cfg, tp_group, sequence_parallel=False, dp_rank=dp_rank,
-                                  dp_size=dp)  # 1/tp of every weight matrix
-        engine = zero_engine(model, stage=0, process_group=dp_group, optimizer_cls=AdamW,
-                             **OPT)
-        x, y = split_data_parallel(ids, targets, dp_rank, dp)  # [s, B/dp] each
+        run = parallelize(cfg, dims, zero=0, **OPT)  # 1/tp of every weight matrix; DDP
+        tp_group, dp_group = run.groups.tp, run.groups.dp
+        x, y = run.local_batch(ids, targets)  # [s, B/dp] each
         barrier()  # every rank's clock at the same time
         start, first = ctx.clock.now, len(ctx.trace.events)
-        loss = accumulate_gradients(model, engine, [(x, y)])
-        engine.step()
+        loss = accumulate_gradients(run.model, run.engine, [(x, y)])
+        run.engine.step()
         ctx.resolve_pending()
         events = ctx.trace.events[first:]
         comm = {g: sum(e.duration for e in events if e.stream == "comm" and e.label == g)
@@ -181,7 +177,7 @@ def measure(layout: str, cfg: GPTConfig = MODEL, global_batch: int = GLOBAL_BATC
     if not np.isclose(flops, formula, rtol=1e-9):
         raise RuntimeError(f"{layout}: the clock charged rank 0 {flops:,.0f} FLOPs, the "
                            f"model formula gives {formula:,.0f}; MFU would be wrong")
-    return {"label": label, "mesh": dict(zip(names, shape)), "step_seconds": step,
+    return {"label": label, "mesh": {"dp": dp, "tp": tp}, "step_seconds": step,
             "flops": flops, "compute_seconds": flops / peak, "mfu": flops / (step * peak),
             "comm_share": statistics.mean(t.comm_share for t in times),
             "exposed_share": statistics.mean(t.exposed_comm / t.window for t in times),

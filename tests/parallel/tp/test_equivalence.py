@@ -1,11 +1,12 @@
-"""Tensor (and sequence) parallelism is one device: a TensorParallelGPT on tp ranks — alone
-or on a dp x tp mesh under DDP or ZeRO-1, 2 or 3 — trains exactly like one GPT on the whole
-global batch, dropout included.
+"""Tensor (and sequence) parallelism is one device: a run built by `parallelize` — tp ranks
+alone, or a dp x tp mesh under DDP, ZeRO-1, 2 or 3 or any FSDP strategy (HYBRID_SHARD on
+dp_shard 2 x dp_replicate 2 x tp 2) — trains exactly like one GPT on the whole global
+batch, dropout included.
 
 Each example draws tp in {1, 2, 3, 4}, heads, head size, ffn and vocabulary sizes that
 divide by it, a sequence length (divisible by tp under sequence parallelism), sequence
-parallelism, dropout, tied embeddings, recomputation, a dp size and engine,
-clipping and seeds; runs 3 AdamW steps both ways; and compares losses, the first step's
+parallelism, dropout, tied embeddings, recomputation, a dp size and engine (ZeRO stage or
+FSDP strategy), clipping and seeds; runs 3 AdamW steps both ways; and compares losses, the first step's
 gradients gathered over tp, the weights and Adam's moments after the last step.
 
 Tolerances (float64, as the data-parallel tests; see conftest.py): losses rtol 1e-12;
@@ -19,10 +20,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import minipar as mp
-from minipar.data.batches import split_data_parallel, split_microbatches
 from minipar.nn import GPT
-from minipar.optim import AdamW
-from minipar.parallel import accumulate_gradients, zero_engine
+from minipar.parallel import ParallelDims, ShardingStrategy, parallelize
 from minipar.parallel.tp.layers import gather_parameter
 from minipar.parallel.tp.gpt import TensorParallelGPT
 from minipar.runtime.collectives import all_gather
@@ -55,28 +54,31 @@ def gathered_state(engine, model, tp_group):
 
 
 def tp_run(cfg, batches, dp, tp, *, stage=0, sequence_parallel=False, micro_batches=1,
-           max_grad_norm=None, opt):
-    """3 steps on a dp x tp mesh (tp fastest): losses, first-step gathered grads, states."""
+           max_grad_norm=None, opt, strategy=None, replicate=1):
+    """3 steps through `parallelize` on a dp x tp mesh (tp fastest): losses, first-step
+    gathered grads, states. stage: a ZeRO stage, or strategy: an FSDP ShardingStrategy;
+    replicate: how many of the dp ranks are dp_replicate (the rest dp_shard)."""
+    stage = None if strategy is not None else stage
+    if stage == 0 or strategy is ShardingStrategy.NO_SHARD:  # replicas, nothing sharded
+        dims = ParallelDims(dp_replicate=dp, tp=tp)
+    else:
+        dims = ParallelDims(dp_replicate=replicate, dp_shard=dp // replicate, tp=tp)
+
     def program(ctx):
-        mesh = mp.init_device_mesh((dp, tp), ("dp", "tp"))
-        tp_group, dp_group = mesh.get_group("tp", ctx.rank), mesh.get_group("dp", ctx.rank)
-        dp_rank = dp_group.group_rank(ctx.rank)
-        model = TensorParallelGPT(cfg, tp_group, sequence_parallel, dp_rank, dp)
-        engine = zero_engine(model, AdamW, stage=stage, process_group=dp_group,
-                             max_grad_norm=max_grad_norm, **opt)
+        run = parallelize(cfg, dims, zero=stage, sharding_strategy=strategy,
+                          sequence_parallel=sequence_parallel, max_grad_norm=max_grad_norm,
+                          **opt)
+        model, engine, tp_group = run.model, run.engine, run.groups.tp
         losses, grads = [], []
         for ids, tgt in batches:
-            x, y = split_data_parallel(ids, tgt, dp_rank, dp)
-            losses.append(accumulate_gradients(model, engine, split_microbatches(
-                x, y, micro_batches)))
+            losses.append(run.forward_backward(ids, tgt, micro_batches))
             if not grads:
                 full = engine.full_grads()  # averaged over dp, this rank's tp shards
                 grads = {p.name: (all_gather(full[p.name], axis=p.partition_dim,
                                              group=tp_group)
                                   if getattr(p, "tensor_model_parallel", False) and tp > 1
                                   else full[p.name]) for p in model.parameters()}
-            engine.step()
-            engine.zero_grad()
+            run.step()
         return losses, grads, gathered_state(engine, model, tp_group), engine.last_grad_norm
 
     res = mp.launch(program, dp * tp)
@@ -129,13 +131,19 @@ def test_tensor_parallel_trains_like_one_device(dpkit, data):
     dropout = data.draw(st.sampled_from([0.0, 0.2]), "dropout")
     recompute = data.draw(st.sampled_from(["none", "selective", "full"]), "recompute")
     tie = data.draw(st.booleans(), "tie embeddings")
-    stage = data.draw(st.sampled_from([0, 1, 2, 3]), "ZeRO stage over dp")
+    engine = data.draw(st.sampled_from([0, 1, 2, 3] + list(ShardingStrategy)),
+                       "ZeRO stage or FSDP strategy over dp")
+    stage, strategy = (engine, None) if isinstance(engine, int) else (None, engine)
+    # HYBRID_SHARD needs dp_shard x dp_replicate: 2 x 2 on a dp = 4, tp = 2 world of 8
+    replicate = 2 if strategy is ShardingStrategy.HYBRID_SHARD else 1
+    if replicate > 1:
+        dp, tp = 4, min(tp, 2)
     max_norm = data.draw(st.sampled_from([None, 0.05]), "max_grad_norm")  # 0.05 clips
     layers = data.draw(st.integers(1, 2), "layers")
     seed = data.draw(st.integers(0, 2**16), "seed")
     # masks are drawn for the whole batch at once: micro-batches only without dropout
     k = 1 if dropout else data.draw(st.integers(1, 2), "micro-batches")
-    heads = tp * data.draw(st.integers(1, 2), "heads per rank")
+    heads = tp * data.draw(st.integers(1, 2), "heads per rank")  # tp as drawn or capped
     head_dim = data.draw(st.integers(2, 4), "head dim")  # h = 1: LayerNorm of one feature is constant
     ffn = tp * data.draw(st.integers(1, 6), "ffn per rank")
     vocab = tp * data.draw(st.integers(2, 7), "vocabulary per rank")
@@ -146,8 +154,9 @@ def test_tensor_parallel_trains_like_one_device(dpkit, data):
                             tie_embeddings=tie, dropout=dropout, recompute=recompute)
     batches = dpkit.global_batches(cfg, steps=3, global_batch=dp * k, seed=seed)
     ref = dpkit.reference_run(cfg, batches, max_grad_norm=max_norm)
-    losses, res = tp_run(cfg, batches, dp, tp, stage=stage, sequence_parallel=sp,
-                         micro_batches=k, max_grad_norm=max_norm, opt=dpkit.OPT)
+    losses, res = tp_run(cfg, batches, dp, tp, stage=stage, strategy=strategy,
+                         replicate=replicate, sequence_parallel=sp, micro_batches=k,
+                         max_grad_norm=max_norm, opt=dpkit.OPT)
     check(dpkit, cfg, batches, losses, res, ref)
 
 

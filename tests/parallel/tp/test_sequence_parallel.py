@@ -126,7 +126,7 @@ def test_sliced_draws_skip_ahead_exactly():
     for tp in range(3):
         for dp in range(2):
             g = np.random.default_rng(9)
-            got = TensorParallelRNG(g, tp, 3, dp, 2).sharded(axis=1, batch_axis=0).random(
+            got = TensorParallelRNG(g, tp, 3, (dp, 2)).sharded(axis=1, batch_axis=0).random(
                 (2, 2, 3, 5))
             np.testing.assert_array_equal(got, want[2 * dp:2 * dp + 2, 2 * tp:2 * tp + 2])
             np.testing.assert_array_equal(g.random(3), nxt)
