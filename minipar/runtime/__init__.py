@@ -11,10 +11,11 @@ from .device import DeviceSpec
 from .errors import (CollectiveMismatchError, CollectiveUsageError, DeadlockError,
                      MiniparError, RankFailedError, SimulatedOutOfMemoryError, WorldAborted)
 from .group import ProcessGroup
-from .launch import LaunchResult, launch
+from .launch import launch
 from .ledger import CATEGORIES, MemoryLedger
 from .mesh import DeviceMesh
 from .p2p import irecv, isend, recv, send
+from .result import LaunchResult
 from .topology import Link, Topology
 from .work import Work
 

@@ -57,8 +57,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 from ..context import Context, set_current
 from ..errors import CollectiveUsageError, MiniparError
 from ..group import ProcessGroup
-from ..launch import LaunchResult
 from ..reference import REFERENCES
+from ..result import LaunchResult
 from ..topology import Topology
 from .base import Call, Outcome
 
@@ -430,6 +430,4 @@ def launch_mpi(fn: Callable[[Context], Any], world_size: int, topology: Topology
         world.Abort(1)
     finally:
         set_current(None)
-    out = LaunchResult([result])
-    out.contexts = [ctx]
-    return out
+    return LaunchResult([result], [ctx])
