@@ -280,14 +280,14 @@ def report(model: dict, results: dict[str, dict], scale: dict, topology: Topolog
         "  MFU = matmul FLOPs a GPU / (step x peak); comm share = time communicating / step; "
         "IB MB = sent over InfiniBand",
         "",
-        f"Why: tensor parallelism all-reduces [s, b, h] 4 times a block and step, between "
-        f"matmuls that wait for the result.",
+        "Why: tensor parallelism all-reduces [s, b, h] 4 times a block and step, between "
+        "matmuls that wait for the result.",
         f"When the tp group spans nodes, those all-reduces cross InfiniBand: TP time "
         f"{tp_all['tp_comm_seconds'] / fix['tp_comm_seconds']:.1f}x the fix's at "
         f"tp={tp_all['mesh']['tp']}, {across['tp_comm_seconds'] / fix['tp_comm_seconds']:.1f}x "
         f"at tp={across['mesh']['tp']}",
-        f"(the fix's sizes: placement alone). The fix keeps TP on NVLink and sends only the "
-        f"gradients across nodes, once a step",
+        "(the fix's sizes: placement alone). The fix keeps TP on NVLink and sends only the "
+        "gradients across nodes, once a step",
         f"({fix['dp_comm_seconds'] * us:.1f} us). This model is tiny, so every layout is "
         f"latency-bound: compare the ratios, not the MFU.",
         "",
