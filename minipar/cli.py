@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-rank buffer size of the costed collectives, in MiB (4)")
     t.set_defaults(func=_tour)
 
-    inc = sub.add_parser("incident", help="run one of the seeds' incident cases on simulated "
+    inc = sub.add_parser("incident", help="run an incident case on simulated "
                                           "GPUs and show what went wrong and what fixes it",
                          description="Reproduce an incident case: measure the failure and "
                                      "its fixes side by side. " + "; ".join(

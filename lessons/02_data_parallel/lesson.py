@@ -192,7 +192,7 @@ print(f"  ring all-reduce theory: {STEPS} steps × 2(N−1)/N · Ψ · 8 bytes =
 # as soon as all of its gradients are final.
 #
 # minipar's `DistributedDataParallel` builds its buckets like this (`_make_buckets` in
-# `minipar/parallel/ddp.py`):
+# `minipar/parallel/dp/ddp.py`):
 #
 # 1. List the parameters in the order backward finishes them: units in reverse
 #    (`model.units()` is `root, blocks.0, …, blocks.L−1`, so: the last block first, the

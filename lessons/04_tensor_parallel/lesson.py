@@ -22,7 +22,7 @@
 # each other at every step of the recipe.
 #
 # Everything below runs on simulated devices in float64, so that a difference from one
-# device can only be rounding. The parallel layers are minipar's own (`minipar/parallel/`,
+# device can only be rounding. The parallel layers are minipar's own (`minipar/parallel/tp/`,
 # described in `docs/tensor_parallel.md`); the exercises ask you to write their core.
 
 # %%
@@ -266,7 +266,7 @@ for phase, calls in zip(("forward", "backward"), res[0]["calls"]):
 # must draw the same mask on every rank, and dropout in a *sharded* region (the attention
 # probabilities, split by head) must draw a different mask on each. minipar's
 # `TensorParallelRNG` keeps both and adds a third property: a sharded mask is the rank's
-# slice of the single-device mask (`parallel/random.py`), so equivalence tests can keep
+# slice of the single-device mask (`parallel/tp/random.py`), so equivalence tests can keep
 # dropout on.
 #
 # ## 4. The vocabulary: embedding and cross-entropy without the full logits

@@ -32,6 +32,7 @@ import numpy as np
 from .dropout import dropout_backward, dropout_forward
 from .linear import Linear
 from .matmul import matmul
+from .module import Module
 from .saved import Saved
 from .softmax import softmax_backward, softmax_forward
 
@@ -111,17 +112,16 @@ def core_attention_backward(dcontext: np.ndarray, saved: Saved) -> np.ndarray:
     return dqkv.reshape(s, b, a * 3 * d)  # dqkv: [s, b, 3h]
 
 
-class CausalSelfAttention:
+class CausalSelfAttention(Module):
     """x [s, b, h] -> proj(core(qkv(x))) [s, b, h]."""
+
+    parameter_order = ("qkv", "proj")
 
     def __init__(self, name: str, hidden: int, num_heads: int, dropout: float = 0.0,
                  seed: int = 0, dtype=np.float64, std: float = 0.02, out_std: float = 0.02):
         self.name, self.num_heads, self.dropout = name, num_heads, dropout
         self.qkv = Linear(f"{name}.qkv", hidden, 3 * hidden, seed=seed, dtype=dtype, std=std)
         self.proj = Linear(f"{name}.proj", hidden, hidden, seed=seed, dtype=dtype, std=out_std)
-
-    def parameters(self) -> list:
-        return self.qkv.parameters() + self.proj.parameters()
 
     def forward(self, x: np.ndarray, rng: np.random.Generator, selective: bool = False):
         qkv, s_qkv = self.qkv.forward(x)  # qkv: [s, b, 3h]

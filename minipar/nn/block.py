@@ -14,12 +14,18 @@ Recomputation (Chen et al. 2016; Korthikanti et al. 2022):
                backward runs the block's forward again first (one more forward's FLOPs)
 Each block has its own mode: GPTConfig.recompute_every = k recomputes only every k-th
 block and lets the others keep everything (GPTConfig.block_recompute).
+
+Parts. A block is handed its four sub-layers (`BlockParts`) rather than building them, so a
+mixture of experts can take the MLP's place, a context-parallel core the attention's, and
+tensor parallelism supply all four (parallel/tp/block.py) — the forward, the backward and
+the recomputation above stay this file's. `dense_parts(name, cfg)` builds GPT-2's.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 
@@ -27,29 +33,63 @@ from .attention import CausalSelfAttention
 from .dropout import dropout_backward, dropout_forward
 from .layernorm import LayerNorm
 from .mlp import MLP
+from .module import Module
 from .saved import Saved, release_all
 
 
-class Block:
-    """One transformer layer: x [s, b, h] -> y [s, b, h]."""
+@dataclass(frozen=True)
+class BlockParts:
+    """A block's sub-layers, in the order the block lists their parameters. Each has
+    `parameters()` and a backward `backward(dy, saved) -> dx`; the forwards are
 
-    def __init__(self, name: str, cfg, mlp=None, recompute: Optional[str] = None):
-        """recompute: this block's mode (default cfg.recompute; GPT passes
-        cfg.block_recompute(i))."""
-        dt, std = cfg.np_dtype, cfg.init_std
-        out_std = std / np.sqrt(2 * cfg.num_layers)  # GPT-2's scaled residual projections
+        ln1, ln2   forward(x) -> (y, saved)
+        attn       forward(x, rng, selective) -> (y, saved)   selective: recompute the core
+        mlp        forward(x, rng) -> (y, saved)
+
+    with x and y in the residual stream's layout ([s, b, h] on one device).
+    """
+
+    ln1: Any
+    attn: Any
+    ln2: Any
+    mlp: Any
+
+
+def residual_out_std(cfg) -> float:
+    """GPT-2's init std of the two projections into the residual stream (attention output,
+    fc2): init_std / sqrt(2 l), for the 2 residual branches of each of the l blocks."""
+    return cfg.init_std / np.sqrt(2 * cfg.num_layers)
+
+
+def dense_parts(name: str, cfg, attn=None, mlp=None) -> BlockParts:
+    """GPT-2's parts for block `name`: two LayerNorms, causal self-attention and the dense
+    MLP; pass `attn` or `mlp` to build the block around another one instead (a replaced
+    part made first would stay charged to the ledger)."""
+    dt, std, out_std = cfg.np_dtype, cfg.init_std, residual_out_std(cfg)
+    ln1 = LayerNorm(f"{name}.ln1", cfg.hidden, cfg.layernorm_eps, dt)
+    if attn is None:
+        attn = CausalSelfAttention(f"{name}.attn", cfg.hidden, cfg.num_heads, cfg.dropout,
+                                   cfg.seed, dt, std, out_std)
+    ln2 = LayerNorm(f"{name}.ln2", cfg.hidden, cfg.layernorm_eps, dt)
+    if mlp is None:
+        mlp = MLP(f"{name}.mlp", cfg.hidden, cfg.ffn, cfg.gelu, cfg.seed, dt, std, out_std)
+    return BlockParts(ln1, attn, ln2, mlp)
+
+
+class Block(Module):
+    """One transformer layer: x [s, b, h] -> y [s, b, h], from the parts it is given."""
+
+    parameter_order = ("ln1", "attn", "ln2", "mlp")
+
+    def __init__(self, name: str, cfg, parts: Optional[BlockParts] = None,
+                 recompute: Optional[str] = None):
+        """parts: default dense_parts(name, cfg). recompute: this block's mode (default
+        cfg.recompute; GPT passes cfg.block_recompute(i)). cfg.dropout is the residual
+        dropouts' probability."""
+        parts = dense_parts(name, cfg) if parts is None else parts
         self.name, self.dropout = name, cfg.dropout
         self.recompute = cfg.recompute if recompute is None else recompute
-        self.ln1 = LayerNorm(f"{name}.ln1", cfg.hidden, cfg.layernorm_eps, dt)
-        self.attn = CausalSelfAttention(f"{name}.attn", cfg.hidden, cfg.num_heads, cfg.dropout,
-                                        cfg.seed, dt, std, out_std)
-        self.ln2 = LayerNorm(f"{name}.ln2", cfg.hidden, cfg.layernorm_eps, dt)
-        self.mlp = mlp if mlp is not None else MLP(f"{name}.mlp", cfg.hidden, cfg.ffn, cfg.gelu,
-                                                   cfg.seed, dt, std, out_std)
-
-    def parameters(self) -> list:
-        return (self.ln1.parameters() + self.attn.parameters() + self.ln2.parameters()
-                + self.mlp.parameters())
+        self.ln1, self.attn, self.ln2, self.mlp = parts.ln1, parts.attn, parts.ln2, parts.mlp
 
     # ---- forward ----------------------------------------------------------------------
     def residual_rng(self, rng):

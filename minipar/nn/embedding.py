@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .matmul import compute_dtype
+from .module import Module
 from .parameter import Parameter, init_normal
 from .saved import Saved
 
@@ -53,8 +54,10 @@ def embedding_backward(dy: np.ndarray, saved: Saved, vocab_size: int) -> np.ndar
     return dtable.astype(dy.dtype, copy=False)
 
 
-class Embedding:
+class Embedding(Module):
     """A [num_embeddings, dim] table ~ N(0, std^2), named `{name}.weight`."""
+
+    parameter_order = ("weight",)
 
     def __init__(self, name: str, num_embeddings: int, dim: int, seed: int = 0,
                  dtype=np.float64, std: float = 0.02):
@@ -75,9 +78,6 @@ class Embedding:
         dy: [s, b, dim]; returns nothing (ids have no gradient)
         """
         self.weight.accumulate(embedding_backward(dy, saved, self.num_embeddings))
-
-    def parameters(self) -> list[Parameter]:
-        return [self.weight]
 
     def __repr__(self) -> str:
         return (f"Embedding({self.name}, {self.num_embeddings} x {self.dim}, "

@@ -6,127 +6,146 @@
     loss   = mean cross-entropy(logits, targets)
 (GPT-2, Radford et al. 2019; the [s, b, h] layout of Megatron-LM, Shoeybi et al. 2019.)
 
-`forward` returns the loss and everything backward needs (`Saved` objects, charged to the
-ledger as activations); `backward` walks the same path in reverse and accumulates every
-parameter's gradient. Nothing is hidden: read `backward` to see each gradient path.
+Steps. The forward is three steps, each paired with its backward, so that a pipeline stage
+can own blocks lo..hi (the first stage embeds, the last computes the loss):
 
-Units. The model is cut into units, as FSDP wraps modules: one per block ("blocks.i"),
-and the "root" holding everything outside the blocks (embeddings, final LayerNorm, head —
-with tied embeddings the head's weight *is* the embedding's, so both stay in one unit).
-`model.hooks` fires forward_pre/forward_post/backward_pre/backward_post around each unit
-(see hooks.py): the root's forward_pre comes first and its backward_post last.
+    x, s_embed  = model.embed_forward(ids, rng)               ids -> x0
+    x, s_blocks = model.blocks_forward(x, rng, lo, hi)        x_lo -> x_hi
+    loss, s_head = model.head_forward(x, targets)             x_L -> loss
+    dx = model.head_backward(s_head, dloss)                   dloss -> dx_L
+    dx = model.blocks_backward(dx, s_blocks, lo, hi)          dx_hi -> dx_lo
+    model.embed_backward(dx, s_embed)                         dx0 -> wte, wpe gradients
+
+`forward` and `backward` are exactly these in this order, and the cache `forward` returns is
+a `ForwardCache` of the three steps' records; the `Saved` objects inside are charged to the
+ledger as activations until the backward consumes them. Nothing is hidden: read the
+backward steps to see each gradient path.
+
+Units and hooks (see hooks.py): `model.hooks` fires forward_pre/forward_post/backward_pre/
+backward_post around each unit, as FSDP wraps modules — one unit per block, `block_unit(i)`,
+fired by the blocks steps around each block, and the `ROOT` unit holding everything outside
+the blocks (with tied embeddings the head's weight *is* the embedding's, so both stay in
+one unit), opened by the embedding step and closed by the head step in forward, opened by
+the head's backward and closed by the embedding's backward.
+
+Parallel layouts. TensorParallelGPT (parallel/tp/gpt.py) is this skeleton with parallel
+parts: it overrides the `build_*` methods and the few steps-within-steps marked "a parallel
+layout overrides this" (the dropout generator, the residual stream's layout, the logits,
+the loss, and what completes a unit's gradients), and nothing else.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
-from .block import Block
+from .block import Block, dense_parts
 from .config import GPTConfig
 from .cross_entropy import cross_entropy_backward, cross_entropy_forward
 from .dropout import dropout_backward, dropout_forward
 from .embedding import Embedding
-from .hooks import Hooks
+from .hooks import ROOT, Hooks, block_unit
 from .layernorm import LayerNorm
 from .linear import Linear, linear_backward, linear_forward
+from .module import Module
 from .parameter import Parameter
+from .saved import Saved
 
 
-class GPT:
+@dataclass
+class EmbedSaved:
+    """What the embedding step keeps for its backward."""
+    wte: Saved      # the token ids
+    wpe: Saved      # the positions
+    dropout: Saved  # the embedding dropout's mask
+
+
+@dataclass
+class HeadSaved:
+    """What the head step keeps for its backward."""
+    ln_f: Saved     # the final LayerNorm's input
+    lm_head: Saved  # the head's input
+    loss: Saved     # the cross-entropy's logits, log-sum-exp and targets
+
+
+@dataclass
+class ForwardCache:
+    """Everything `GPT.forward` keeps for `GPT.backward`, step by step."""
+    embed: EmbedSaved
+    blocks: list    # blocks[i]: what block i saved (a tuple of Saved; see block.py)
+    head: HeadSaved
+
+
+class GPT(Module):
     """A decoder-only transformer built from a validated `GPTConfig`.
 
     `mlp_factory(layer_index)` may supply each block's MLP (a mixture of experts, say);
     by default every block gets the dense `MLP`.
     """
 
+    # the order flat buffers, DDP buckets and checkpoints lay parameters out in; a tied
+    # head (lm_head None) adds nothing
+    parameter_order = ("wte", "wpe", "blocks", "ln_f", "lm_head")
+    root_parts = ("wte", "wpe", "ln_f", "lm_head")  # the ROOT unit: all but the blocks
+
     def __init__(self, cfg: GPTConfig, mlp_factory: Optional[Callable[[int], object]] = None):
         self.cfg = cfg
-        dt, std, seed = cfg.np_dtype, cfg.init_std, cfg.seed
-        self.wte = Embedding("wte", cfg.vocab_size, cfg.hidden, seed, dt, std)
-        self.wpe = Embedding("wpe", cfg.seq_len, cfg.hidden, seed, dt, std)
-        self.blocks = [Block(f"blocks.{i}", cfg, mlp_factory(i) if mlp_factory else None,
-                             recompute=cfg.block_recompute(i))
-                       for i in range(cfg.num_layers)]
-        self.ln_f = LayerNorm("ln_f", cfg.hidden, cfg.layernorm_eps, dt)
-        self.lm_head = None if cfg.tie_embeddings else Linear(
-            "lm_head", cfg.hidden, cfg.vocab_size, bias=False, seed=seed, dtype=dt, std=std)
+        self.mlp_factory = mlp_factory
+        self.wte = self.build_wte()
+        self.wpe = Embedding("wpe", cfg.seq_len, cfg.hidden, cfg.seed, cfg.np_dtype,
+                             cfg.init_std)  # replicated under tensor parallelism
+        self.blocks = [self.build_block(i) for i in range(cfg.num_layers)]
+        self.ln_f = self.build_ln_f()
+        self.lm_head = self.build_lm_head()
         self.hooks = Hooks()
 
-    # ---- parameters ------------------------------------------------------------------
-    def parameters(self) -> list[Parameter]:
-        """Every parameter once, in a fixed order (embeddings, blocks, final LN, head)."""
-        ps = self.wte.parameters() + self.wpe.parameters()
-        for blk in self.blocks:
-            ps += blk.parameters()
-        ps += self.ln_f.parameters()
-        if self.lm_head is not None:
-            ps += self.lm_head.parameters()
-        return ps
+    # ---- parts (a parallel layout overrides these) -----------------------------------
+    def build_wte(self):
+        cfg = self.cfg
+        return Embedding("wte", cfg.vocab_size, cfg.hidden, cfg.seed, cfg.np_dtype,
+                         cfg.init_std)
+
+    def build_block(self, i: int) -> Block:
+        cfg, name = self.cfg, block_unit(i)
+        mlp = self.mlp_factory(i) if self.mlp_factory is not None else None
+        return Block(name, cfg, dense_parts(name, cfg, mlp=mlp), cfg.block_recompute(i))
+
+    def build_ln_f(self):
+        return LayerNorm("ln_f", self.cfg.hidden, self.cfg.layernorm_eps, self.cfg.np_dtype)
+
+    def build_lm_head(self) -> Optional[Linear]:
+        """None when tied: the head multiplies by wte's weight and adds no parameter."""
+        cfg = self.cfg
+        if cfg.tie_embeddings:
+            return None
+        return Linear("lm_head", cfg.hidden, cfg.vocab_size, bias=False, seed=cfg.seed,
+                      dtype=cfg.np_dtype, std=cfg.init_std)
 
     def units(self) -> list[tuple[str, list[Parameter]]]:
         """[(unit name, its parameters)]: the root first, then the blocks in order."""
-        root = self.wte.parameters() + self.wpe.parameters() + self.ln_f.parameters()
-        if self.lm_head is not None:
-            root += self.lm_head.parameters()
-        return [("root", root)] + [(blk.name, blk.parameters()) for blk in self.blocks]
+        return [(ROOT, self.parameters_from(*self.root_parts))] + [
+            (block_unit(i), blk.parameters()) for i, blk in enumerate(self.blocks)]
 
-    def named_parameters(self) -> dict[str, Parameter]:
-        return {p.name: p for p in self.parameters()}
-
-    def num_parameters(self) -> int:
-        return sum(p.size for p in self.parameters())
-
-    def zero_grad(self) -> None:
-        for p in self.parameters():
-            p.free_grad()
-
-    # ---- forward and backward ---------------------------------------------------------
+    # ---- the whole model: the steps in order -------------------------------------------
     def forward(self, ids: np.ndarray, targets: np.ndarray,
-                rng: Optional[np.random.Generator] = None):
+                rng: Optional[np.random.Generator] = None) -> tuple[float, ForwardCache]:
         """loss, cache = model.forward(ids, targets, rng).  ids, targets: int [s, b]."""
-        s, b = self._check(ids, targets)
-        rng = rng if rng is not None else np.random.default_rng(self.cfg.seed)
-        self.hooks.fire("forward_pre", "root")
-        tok, s_wte = self.wte.forward(ids)  # tok: [s, b, h]
-        positions = np.broadcast_to(np.arange(s)[:, None], (s, b))
-        pos, s_wpe = self.wpe.forward(positions)  # pos: [s, b, h]
-        x, s_drop = dropout_forward(tok + pos, self.cfg.dropout, rng)  # x: [s, b, h]
-        s_blocks = []
-        for blk in self.blocks:
-            self.hooks.fire("forward_pre", blk.name)
-            x, sb = blk.forward(x, rng)  # x: [s, b, h]
-            self.hooks.fire("forward_post", blk.name)
-            s_blocks.append(sb)
-        x, s_lnf = self.ln_f.forward(x)
-        if self.lm_head is not None:
-            logits, s_head = self.lm_head.forward(x)  # logits: [s, b, V]
-        else:
-            logits, s_head = linear_forward(x, self.wte.weight.data, label="lm_head (tied)")
-        loss, s_ce = cross_entropy_forward(logits, targets)
-        self.hooks.fire("forward_post", "root")
-        return float(loss), (s_wte, s_wpe, s_drop, s_blocks, s_lnf, s_head, s_ce)
+        if np.shape(targets) != np.shape(ids):
+            raise ValueError(f"targets must match ids' shape {np.shape(ids)}, got "
+                             f"{np.shape(targets)}")
+        rng = self.dropout_rng(rng)  # one generator for every dropout of this forward
+        x, s_embed = self.embed_forward(ids, rng)  # x: [s, b, h]
+        x, s_blocks = self.blocks_forward(x, rng)
+        loss, s_head = self.head_forward(x, targets)
+        return loss, ForwardCache(s_embed, s_blocks, s_head)
 
-    def backward(self, cache, dloss: float = 1.0) -> None:
+    def backward(self, cache: ForwardCache, dloss: float = 1.0) -> None:
         """Accumulate d(dloss * loss)/d(parameter) into every parameter's `.grad`."""
-        s_wte, s_wpe, s_drop, s_blocks, s_lnf, s_head, s_ce = cache
-        self.hooks.fire("backward_pre", "root")
-        dlogits = cross_entropy_backward(dloss, s_ce)  # dlogits: [s, b, V]
-        if self.lm_head is not None:
-            dx = self.lm_head.backward(dlogits, s_head)
-        else:  # tied: the head's weight gradient joins the embedding's
-            dx, dw, _ = linear_backward(dlogits, s_head, self.wte.weight.data, False)
-            self.wte.weight.accumulate(dw)
-        dx = self.ln_f.backward(dx, s_lnf)  # dx: [s, b, h]
-        for blk, sb in zip(reversed(self.blocks), reversed(s_blocks)):
-            self.hooks.fire("backward_pre", blk.name)
-            dx = blk.backward(dx, sb)
-            self.hooks.fire("backward_post", blk.name)
-        dx = dropout_backward(dx, s_drop)
-        self.wpe.backward(dx, s_wpe)  # positions and tokens both receive dx
-        self.wte.backward(dx, s_wte)
-        self.hooks.fire("backward_post", "root")
+        dx = self.head_backward(cache.head, dloss)  # dx: [s, b, h]
+        dx = self.blocks_backward(dx, cache.blocks)
+        self.embed_backward(dx, cache.embed)
 
     def loss_and_grad(self, ids: np.ndarray, targets: np.ndarray,
                       rng: Optional[np.random.Generator] = None, loss_scale: float = 1.0
@@ -137,11 +156,124 @@ class GPT:
         self.backward(cache, loss_scale)
         return loss
 
-    def _check(self, ids: np.ndarray, targets: np.ndarray) -> tuple[int, int]:
-        if ids.ndim != 2:
-            raise ValueError(f"ids must be int [s, b] (sequence first), got shape {ids.shape}")
-        if targets.shape != ids.shape:
-            raise ValueError(f"targets must match ids' shape {ids.shape}, got {targets.shape}")
+    # ---- step 1: embedding ------------------------------------------------------------
+    def embed_forward(self, ids: np.ndarray, rng) -> tuple[np.ndarray, EmbedSaved]:
+        """x0 = dropout(wte[ids] + wpe[positions]).  ids: int [s, b] -> x0: [s, b, h].
+        Opens the root unit (forward_pre). rng: the generator of the blocks steps too."""
+        s, b = self._check_ids(ids)
+        rng = self.dropout_rng(rng)
+        self.hooks.fire("forward_pre", ROOT)
+        tok, s_wte = self.wte.forward(ids)  # tok: [s, b, h]
+        pos, s_wpe = self.wpe.forward(np.broadcast_to(np.arange(s)[:, None], (s, b)))
+        x = self.to_residual(tok + pos)  # x: [s, b, h] (sequence parallel: [s/t, b, h])
+        x, s_drop = dropout_forward(x, self.cfg.dropout, self.residual_rng(rng))
+        return x, EmbedSaved(s_wte, s_wpe, s_drop)
+
+    def embed_backward(self, dx: np.ndarray, saved: EmbedSaved) -> None:
+        """Accumulate wte's and wpe's gradients from dx0; closes the root unit
+        (backward_post, the last hook of the backward)."""
+        dx = dropout_backward(dx, saved.dropout)
+        dx = self.to_residual_backward(dx)  # dx: [s, b, h]
+        self.wpe.backward(dx, saved.wpe)  # positions and tokens both receive dx
+        self.wte.backward(dx, saved.wte)
+        self.finish_backward(ROOT)
+        self.hooks.fire("backward_post", ROOT)
+
+    # ---- step 2: blocks lo..hi ----------------------------------------------------------
+    def blocks_forward(self, x: np.ndarray, rng, lo: int = 0, hi: Optional[int] = None
+                       ) -> tuple[np.ndarray, list]:
+        """x_hi, saved = blocks lo, ..., hi-1 applied to x_lo; saved[j] is block lo+j's.
+        Fires forward_pre/forward_post("blocks.i") around each block."""
+        lo, hi = self._block_range(lo, hi)
+        rng = self.dropout_rng(rng)
+        saved = []
+        for i in range(lo, hi):
+            self.hooks.fire("forward_pre", block_unit(i))
+            x, sb = self.blocks[i].forward(x, rng)  # x: [s, b, h] ([s/t, b, h])
+            self.hooks.fire("forward_post", block_unit(i))
+            saved.append(sb)
+        return x, saved
+
+    def blocks_backward(self, dx: np.ndarray, saved: list, lo: int = 0,
+                        hi: Optional[int] = None) -> np.ndarray:
+        """dx_lo from dx_hi through blocks hi-1, ..., lo (the range blocks_forward ran)."""
+        lo, hi = self._block_range(lo, hi)
+        if len(saved) != hi - lo:
+            raise ValueError(f"blocks_backward over blocks {lo}..{hi - 1} needs the {hi - lo} "
+                             f"records blocks_forward(x, rng, {lo}, {hi}) returned; got "
+                             f"{len(saved)}: pass the same lo and hi to both")
+        for i in reversed(range(lo, hi)):
+            self.hooks.fire("backward_pre", block_unit(i))
+            dx = self.blocks[i].backward(dx, saved[i - lo])
+            self.finish_backward(block_unit(i))
+            self.hooks.fire("backward_post", block_unit(i))
+        return dx
+
+    # ---- step 3: head and loss ----------------------------------------------------------
+    def head_forward(self, x: np.ndarray, targets: np.ndarray) -> tuple[float, HeadSaved]:
+        """loss = cross-entropy(ln_f(x) W_head^T, targets).  x: [s, b, h], targets: int
+        [s, b] -> a float. Closes the root unit's forward (forward_post)."""
+        x, s_lnf = self.ln_f.forward(x)
+        logits, s_head = self.logits_forward(x)  # logits: [s, b, V]
+        loss, s_ce = self.loss_forward(logits, targets)
+        self.hooks.fire("forward_post", ROOT)
+        return float(loss), HeadSaved(s_lnf, s_head, s_ce)
+
+    def head_backward(self, saved: HeadSaved, dloss: float = 1.0) -> np.ndarray:
+        """dx_L of dloss * loss; accumulates the head's and ln_f's gradients. Opens the
+        root unit's backward (backward_pre, the first hook of the backward)."""
+        self.hooks.fire("backward_pre", ROOT)
+        dlogits = self.loss_backward(dloss, saved.loss)  # dlogits: [s, b, V]
+        dx = self.logits_backward(dlogits, saved.lm_head)
+        return self.ln_f.backward(dx, saved.ln_f)  # dx: [s, b, h]
+
+    # ---- within the steps (a parallel layout overrides these) --------------------------
+    def dropout_rng(self, rng: Optional[np.random.Generator]):
+        """The generator every dropout of a forward draws from (None: a new one from
+        cfg.seed — pass one generator to all the steps of a forward)."""
+        return rng if rng is not None else np.random.default_rng(self.cfg.seed)
+
+    def residual_rng(self, rng):
+        """The embedding dropout's generator: `rng` itself on one device."""
+        return rng
+
+    def to_residual(self, x: np.ndarray) -> np.ndarray:
+        """The embeddings' sum in the residual stream's layout: x itself on one device."""
+        return x
+
+    def to_residual_backward(self, dx: np.ndarray) -> np.ndarray:
+        return dx
+
+    def logits_forward(self, x: np.ndarray) -> tuple[np.ndarray, Saved]:
+        """logits = x W_head^T.  x: [s, b, h] -> logits: [s, b, V]."""
+        if self.lm_head is not None:
+            return self.lm_head.forward(x)
+        return linear_forward(x, self.wte.weight.data, label="lm_head (tied)")
+
+    def logits_backward(self, dlogits: np.ndarray, saved: Saved) -> np.ndarray:
+        if self.lm_head is not None:
+            return self.lm_head.backward(dlogits, saved)
+        # tied: the head's weight gradient joins the embedding's
+        dx, dw, _ = linear_backward(dlogits, saved, self.wte.weight.data, False)
+        self.wte.weight.accumulate(dw)
+        return dx
+
+    def loss_forward(self, logits: np.ndarray, targets: np.ndarray):
+        """(mean cross-entropy, saved).  logits: [s, b, V], targets: int [s, b]."""
+        return cross_entropy_forward(logits, targets)
+
+    def loss_backward(self, dloss: float, saved: Saved) -> np.ndarray:
+        return cross_entropy_backward(dloss, saved)
+
+    def finish_backward(self, unit: str) -> None:
+        """Complete `unit`'s gradients before its backward_post hook (on one device they
+        are complete already)."""
+
+    # ---- checks -------------------------------------------------------------------------
+    def _check_ids(self, ids: np.ndarray) -> tuple[int, int]:
+        if np.ndim(ids) != 2:
+            raise ValueError(f"ids must be int [s, b] (sequence first), got shape "
+                             f"{np.shape(ids)}")
         s, b = ids.shape
         if s > self.cfg.seq_len:
             raise ValueError(f"sequence length {s} exceeds the model's seq_len "
@@ -150,3 +282,11 @@ class GPT:
             raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got "
                              f"[{ids.min()}, {ids.max()}]")
         return s, b
+
+    def _block_range(self, lo: int, hi: Optional[int]) -> tuple[int, int]:
+        n = len(self.blocks)
+        hi = n if hi is None else hi
+        if not 0 <= lo <= hi <= n:
+            raise ValueError(f"blocks {lo}..{hi} are not a range of this model's {n} blocks: "
+                             f"choose 0 <= lo <= hi <= {n}")
+        return lo, hi

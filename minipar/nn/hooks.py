@@ -9,6 +9,11 @@ The model fires these and never knows who listens, as with PyTorch's module hook
 (`register_forward_pre_hook`, `register_full_backward_hook`). Data-parallel wrappers use
 them to launch gradient all-reduces as buckets fill, and ZeRO-3/FSDP to gather a unit's
 parameters just before it needs them and free them after.
+
+Units, as FSDP wraps modules: one per transformer block, `block_unit(i)` = "blocks.i", and
+the root, `ROOT` = "root", holding everything outside the blocks (embeddings, final
+LayerNorm, head). The root's forward_pre fires first (the embedding step opens it) and its
+backward_post last (the embedding's backward closes it); `GPT.units()` lists the root first.
 """
 
 from __future__ import annotations
@@ -16,6 +21,12 @@ from __future__ import annotations
 from typing import Callable
 
 EVENTS = ("forward_pre", "forward_post", "backward_pre", "backward_post")
+ROOT = "root"  # the unit outside the blocks: forward_pre first, backward_post last
+
+
+def block_unit(index: int) -> str:
+    """The unit name of block `index` ("blocks.3"), also its parameters' name prefix."""
+    return f"blocks.{index}"
 
 
 class Hooks:

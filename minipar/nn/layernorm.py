@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .matmul import compute_dtype
+from .module import Module
 from .parameter import Parameter
 from .saved import Saved
 
@@ -77,11 +78,13 @@ def layernorm_backward(dy: np.ndarray, saved: Saved, gamma: np.ndarray, eps: flo
     return g.astype(x.dtype, copy=False), dgamma.astype(gamma.dtype), dbeta.astype(gamma.dtype)
 
 
-class LayerNorm:
+class LayerNorm(Module):
     """LayerNorm over the last `dim` features; gamma (`{name}.weight`) = 1, beta = 0.
 
     `weight`/`bias` follow PyTorch's names; `gamma`/`beta` are the same Parameters.
     """
+
+    parameter_order = ("weight", "bias")
 
     def __init__(self, name: str, dim: int, eps: float = 1e-5, dtype=np.float64):
         self.name = name
@@ -110,9 +113,6 @@ class LayerNorm:
         self.weight.accumulate(dgamma)
         self.bias.accumulate(dbeta)
         return dx
-
-    def parameters(self) -> list[Parameter]:
-        return [self.weight, self.bias]
 
     def __repr__(self) -> str:
         return f"LayerNorm({self.name}, dim={self.dim}, eps={self.eps})"

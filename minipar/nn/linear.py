@@ -29,6 +29,7 @@ from typing import Optional
 import numpy as np
 
 from .matmul import compute_dtype, matmul
+from .module import Module
 from .parameter import Parameter, init_normal
 from .saved import Saved
 
@@ -100,12 +101,14 @@ def linear_backward(dy: np.ndarray, saved: Saved, w: np.ndarray, has_bias: bool
     return dx, dw, db
 
 
-class Linear:
+class Linear(Module):
     """y = x @ W.T + b with W: [out_features, in_features] ~ N(0, std^2), b = 0.
 
     Parameters are named `{name}.weight` and `{name}.bias` and initialised at full shape
     from (seed, name), so every parallel layout can start from these exact values.
     """
+
+    parameter_order = ("weight", "bias")  # bias: None without one
 
     def __init__(self, name: str, in_features: int, out_features: int, bias: bool = True,
                  seed: int = 0, dtype=np.float64, std: float = 0.02):
@@ -133,9 +136,6 @@ class Linear:
         if self.bias is not None:
             self.bias.accumulate(db)
         return dx
-
-    def parameters(self) -> list[Parameter]:
-        return [self.weight] + ([self.bias] if self.bias is not None else [])
 
     def __repr__(self) -> str:
         return (f"Linear({self.name}, in={self.in_features}, out={self.out_features}, "

@@ -7,8 +7,8 @@ Saved for backward (Korthikanti et al. 2022, section 4.1; 2-byte activations):
 The dropout after the MLP belongs to the block (its 1-byte mask, sbh).
 
 Any object with `forward(x, rng) -> (y, saved)`, `backward(dy, saved) -> dx` and
-`parameters()` can stand in for this MLP in a `Block`: that is where a mixture of experts
-plugs in.
+`parameters()` can stand in for this MLP in a `Block` (`dense_parts(name, cfg, mlp=...)`,
+or `GPT(cfg, mlp_factory=...)`): that is where a mixture of experts plugs in.
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ import numpy as np
 
 from .gelu import gelu_backward, gelu_forward
 from .linear import Linear
+from .module import Module
 
 
-class MLP:
+class MLP(Module):
     """x [s, b, h] -> fc2(gelu(fc1(x))) [s, b, h]."""
+
+    parameter_order = ("fc1", "fc2")
 
     def __init__(self, name: str, hidden: int, ffn_hidden: int, gelu: str = "tanh",
                  seed: int = 0, dtype=np.float64, std: float = 0.02, out_std: float = 0.02):
         self.name, self.gelu = name, gelu
         self.fc1 = Linear(f"{name}.fc1", hidden, ffn_hidden, seed=seed, dtype=dtype, std=std)
         self.fc2 = Linear(f"{name}.fc2", ffn_hidden, hidden, seed=seed, dtype=dtype, std=out_std)
-
-    def parameters(self) -> list:
-        return self.fc1.parameters() + self.fc2.parameters()
 
     def forward(self, x: np.ndarray, rng: np.random.Generator = None):
         u, s1 = self.fc1.forward(x)  # u: [s, b, ffn]

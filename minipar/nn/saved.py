@@ -10,6 +10,7 @@ memory visible: the ledger's "activations" category is exactly what `Saved` obje
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -57,24 +58,28 @@ class Saved:
         return not self._values
 
 
+def _contents(record: Any) -> list:
+    """The values inside a list, tuple or dataclass record (GPT's ForwardCache); else []."""
+    if isinstance(record, (list, tuple)):
+        return list(record)
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        return [getattr(record, f.name) for f in dataclasses.fields(record)]
+    return []
+
+
 def release_all(*saved: Any) -> None:
-    """Release every Saved in (possibly nested lists and tuples of) `saved`; None is skipped.
-    A forward whose backward will not run (sampling, full recomputation) gives its
-    activations back this way."""
+    """Release every Saved in `saved` and in the lists, tuples and dataclass records
+    (GPT's ForwardCache) nested in it; anything else is skipped. A forward whose backward
+    will not run (sampling, full recomputation) gives its activations back this way."""
     for s in saved:
         if isinstance(s, Saved):
             s.release()
-        elif isinstance(s, (list, tuple)):
-            release_all(*s)
+        else:
+            release_all(*_contents(s))
 
 
 def saved_nbytes(*saved: Any) -> int:
-    """Bytes held by every Saved in (possibly nested lists and tuples of) `saved`: what a
-    forward's cache keeps for the backward."""
-    total = 0
-    for s in saved:
-        if isinstance(s, Saved):
-            total += s.nbytes()
-        elif isinstance(s, (list, tuple)):
-            total += saved_nbytes(*s)
-    return total
+    """Bytes held by every Saved in `saved` and in the lists, tuples and dataclass records
+    nested in it: what a forward's cache keeps for the backward."""
+    return sum(s.nbytes() if isinstance(s, Saved) else saved_nbytes(*_contents(s))
+               for s in saved)

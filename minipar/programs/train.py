@@ -310,8 +310,8 @@ def generate(model: GPT, tokenizer: CharTokenizer, prompt: str, num_chars: int,
         for _ in range(num_chars):
             window = np.array(ids[-s_max:], dtype=np.int64)[:, None]  # [s, 1]
             _, cache = model.forward(window, np.zeros_like(window), rng)
-            # cache[-1] is the cross-entropy's Saved: its logits, at the last position: [V]
-            logits = cache[-1].logits[-1, 0].astype(np.float64)
+            # cache.head.loss is the cross-entropy's Saved: its logits, at the last position: [V]
+            logits = cache.head.loss.logits[-1, 0].astype(np.float64)
             release_all(cache)
             if temperature == 0:
                 ids.append(int(np.argmax(logits)))

@@ -3,19 +3,21 @@
 The runtime knows nothing of models. See docs/runtime.md for the execution model.
 """
 
-from .collectives import (ReduceOp, Work, all_gather, all_reduce, all_to_all,
-                          all_to_all_single, barrier, broadcast, gather, get_rank,
-                          get_world_size, irecv, isend, new_group, recv, reduce,
-                          reduce_scatter, scatter, send)
+from .collectives import (ReduceOp, all_gather, all_reduce, all_to_all, all_to_all_single,
+                          barrier, broadcast, gather, get_rank, get_world_size, new_group,
+                          reduce, reduce_scatter, scatter)
 from .context import Context, current, device
 from .device import DeviceSpec
 from .errors import (CollectiveMismatchError, CollectiveUsageError, DeadlockError,
                      MiniparError, RankFailedError, SimulatedOutOfMemoryError, WorldAborted)
 from .group import ProcessGroup
-from .launch import LaunchResult, launch
+from .launch import launch
 from .ledger import CATEGORIES, MemoryLedger
 from .mesh import DeviceMesh
+from .p2p import irecv, isend, recv, send
+from .result import LaunchResult
 from .topology import Link, Topology
+from .work import Work
 
 __all__ = [
     "ReduceOp", "Work", "all_gather", "all_reduce", "all_to_all", "all_to_all_single",

@@ -31,7 +31,7 @@ from typing import Optional
 
 import numpy as np
 
-from .collectives import irecv, isend
+from .p2p import irecv, isend
 from .context import current
 from .errors import CollectiveUsageError
 from .group import ProcessGroup

@@ -16,6 +16,8 @@ import glob
 import os
 from typing import Callable, Iterator, Optional
 
+import numpy
+
 _api: Optional[tuple[Callable[[], int], Callable[[int], None]]] = None
 _searched = False
 
@@ -26,8 +28,6 @@ def _find() -> Optional[tuple[Callable[[], int], Callable[[int], None]]]:
     if _searched:
         return _api
     _searched = True
-    import numpy
-
     base = os.path.dirname(os.path.dirname(numpy.__file__))
     paths = glob.glob(os.path.join(base, "numpy.libs", "*openblas*")) + \
         glob.glob(os.path.join(os.path.dirname(numpy.__file__), ".dylibs", "*openblas*"))

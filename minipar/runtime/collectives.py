@@ -16,14 +16,11 @@ definition of the same name in `reference.py`; this module adds what a real run 
 stream wait for the communication, as `torch.distributed` work handles do. Do not modify
 an input until its work is waited on (the same rule as with NCCL).
 
-Point-to-point `send` is eager (buffered): it costs the sender a + V/B on its p2p stream
-and returns; `recv` returns the message once it has arrived, on the receiver's clock.
+Point-to-point send and recv are in p2p.py; `Work` in work.py.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from enum import Enum
 from typing import Any, Optional, Sequence
 
@@ -36,8 +33,7 @@ from .errors import CollectiveUsageError
 from .group import ProcessGroup, make_group
 from .reference import check_op
 from .trace import Event
-
-_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
+from .work import Work, as_array, call_site
 
 
 class ReduceOp(str, Enum):
@@ -64,60 +60,6 @@ def get_world_size(group: Optional[ProcessGroup] = None) -> int:
 def new_group(ranks: Sequence[int], name: Optional[str] = None) -> ProcessGroup:
     """A group over global `ranks` (sorted); identified by its name and ranks."""
     return make_group(ranks, current().world_size, name)
-
-
-# ---- work handles -------------------------------------------------------------------
-class Work:
-    """An operation in flight. `wait()` returns its result; the compute stream waits."""
-
-    def __init__(self, ctx: Context, finish, on_wait=None, ready=None):
-        self._ctx = ctx
-        self._ready = ready  # () -> bool: has the backend finished it (no blocking)?
-        self._finish = finish  # () -> (result, end time); idempotent
-        self._done: Optional[tuple[Any, float]] = None
-        self._on_wait = on_wait  # run once, at the first wait() (releases the output buffer)
-
-    def _resolve(self) -> tuple[Any, float]:
-        if self._done is None:
-            self._done = self._finish()
-            self._finish = None  # the closure refers back to this Work: break the cycle, so
-            # the result is freed as soon as the caller drops it, not at the next gc pass
-        return self._done
-
-    def wait(self) -> Any:
-        result, end = self._resolve()
-        self._ctx.clock.wait_until(end)
-        if self._on_wait is not None:
-            on_wait, self._on_wait = self._on_wait, None
-            on_wait()
-        return result
-
-    def is_completed(self) -> bool:
-        """True once the data has moved (every member arrived); never blocks."""
-        return self._done is not None or (self._ready is not None and self._ready())
-
-    @property
-    def end_time(self) -> float:
-        """Simulated time the operation finishes (resolves it if needed)."""
-        return self._resolve()[1]
-
-
-_in_runtime: dict[str, Optional[str]] = {}  # file -> None inside the runtime, else basename
-
-
-def _where() -> str:
-    """file:line of the first caller outside the runtime, for diagnoses."""
-    f = sys._getframe(2)
-    while f is not None:
-        name = f.f_code.co_filename
-        if name not in _in_runtime:
-            inside = os.path.dirname(os.path.abspath(name)) == _RUNTIME_DIR
-            _in_runtime[name] = None if inside else os.path.basename(name)
-        short = _in_runtime[name]
-        if short is not None:
-            return f"{short}:{f.f_lineno} in {f.f_code.co_name}"
-        f = f.f_back
-    return "<unknown>"
 
 
 def _member(ctx: Context, group: Optional[ProcessGroup], kind: str) -> ProcessGroup:
@@ -148,7 +90,7 @@ def _issue(ctx: Context, kind: str, g: ProcessGroup, payload: Any, params: dict,
         previous._resolve()
     issued = ctx.clock.compute  # when the program called it
     local_start = max(issued, ctx.clock.comm_stream(g.key))  # when the stream can start it
-    where = _where()
+    where = call_site()
     call = Call(kind, g, ctx.rank, payload, params, {"kind": kind, **signature}, local_start,
                 where, size_info)
     buf = ctx.ledger.hold_unique(f"comm:{kind}", out_nbytes, "comm_buffers") if out_nbytes else None
@@ -209,12 +151,6 @@ def _size_from(kind: str, result: Any, n: int) -> float:
     return float(result.nbytes)
 
 
-def _arr(x: Any, ctx: Context, kind: str) -> np.ndarray:
-    if x is None:
-        raise CollectiveUsageError(f"rank {ctx.rank}: {kind} needs an array, got None")
-    return np.asarray(x)
-
-
 def _axis(x: np.ndarray, axis: int, ctx: Context, kind: str) -> int:
     if not -x.ndim <= axis < x.ndim:
         raise CollectiveUsageError(
@@ -228,7 +164,7 @@ def all_reduce(x, op: str = "sum", group: Optional[ProcessGroup] = None,
                async_op: bool = False):
     """out = x_0 op x_1 op ... op x_{n-1} on every rank (see reference.all_reduce_ref)."""
     ctx = current()
-    g, x = _member(ctx, group, "all_reduce"), _arr(x, ctx, "all_reduce")
+    g, x = _member(ctx, group, "all_reduce"), as_array(x, ctx, "all_reduce")
     op = check_op(op, x.dtype)
     return _issue(ctx, "all_reduce", g, x, {"op": op},
                   {"shape": x.shape, "dtype": x.dtype, "op": op},
@@ -239,7 +175,7 @@ def all_gather(x, axis: int = 0, group: Optional[ProcessGroup] = None,
                async_op: bool = False):
     """out = concat(x_0, ..., x_{n-1}) along `axis` on every rank; equal shapes required."""
     ctx = current()
-    g, x = _member(ctx, group, "all_gather"), _arr(x, ctx, "all_gather")
+    g, x = _member(ctx, group, "all_gather"), as_array(x, ctx, "all_gather")
     axis = _axis(x, axis, ctx, "all_gather")
     total = x.nbytes * g.size
     return _issue(ctx, "all_gather", g, x, {"axis": axis},
@@ -251,7 +187,7 @@ def reduce_scatter(x, op: str = "sum", axis: int = 0, group: Optional[ProcessGro
                    async_op: bool = False):
     """out_i = i-th of n equal chunks (along `axis`) of x_0 op ... op x_{n-1}."""
     ctx = current()
-    g, x = _member(ctx, group, "reduce_scatter"), _arr(x, ctx, "reduce_scatter")
+    g, x = _member(ctx, group, "reduce_scatter"), as_array(x, ctx, "reduce_scatter")
     axis = _axis(x, axis, ctx, "reduce_scatter")
     op = check_op(op, x.dtype)
     if x.shape[axis] % g.size:
@@ -290,7 +226,7 @@ def reduce(x, dst: int, op: str = "sum", group: Optional[ProcessGroup] = None,
            async_op: bool = False):
     """out = x_0 op ... op x_{n-1} on rank `dst`; None on the other ranks."""
     ctx = current()
-    g, x = _member(ctx, group, "reduce"), _arr(x, ctx, "reduce")
+    g, x = _member(ctx, group, "reduce"), as_array(x, ctx, "reduce")
     d = _root(ctx, g, dst, "dst", "reduce")
     op = check_op(op, x.dtype)
     return _issue(ctx, "reduce", g, x, {"dst": d, "op": op},
@@ -301,7 +237,7 @@ def reduce(x, dst: int, op: str = "sum", group: Optional[ProcessGroup] = None,
 def gather(x, dst: int, group: Optional[ProcessGroup] = None, async_op: bool = False):
     """out = [x_0, ..., x_{n-1}] on rank `dst`; None elsewhere. Equal shapes required."""
     ctx = current()
-    g, x = _member(ctx, group, "gather"), _arr(x, ctx, "gather")
+    g, x = _member(ctx, group, "gather"), as_array(x, ctx, "gather")
     d = _root(ctx, g, dst, "dst", "gather")
     total = x.nbytes * g.size
     return _issue(ctx, "gather", g, x, {"dst": d},
@@ -357,7 +293,7 @@ def all_to_all_single(x, input_split_sizes: Optional[Sequence[int]] = None, axis
     """Cut x along `axis` into pieces of `input_split_sizes` (equal if None), send piece i
     to group rank i, and concatenate what arrives in group-rank order."""
     ctx = current()
-    g, x = _member(ctx, group, "all_to_all_single"), _arr(x, ctx, "all_to_all_single")
+    g, x = _member(ctx, group, "all_to_all_single"), as_array(x, ctx, "all_to_all_single")
     axis = _axis(x, axis, ctx, "all_to_all_single")
     n = g.size
     if input_split_sizes is None:
@@ -386,60 +322,3 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False):
     ctx = current()
     g = _member(ctx, group, "barrier")
     return _issue(ctx, "barrier", g, None, {}, {}, 0, 0.0, async_op)
-
-
-# ---- point to point -----------------------------------------------------------------
-def _peer(ctx: Context, peer: int, what: str, kind: str, group: Optional[ProcessGroup]) -> None:
-    g = ctx.world if group is None else group
-    if peer not in g or peer == ctx.rank:
-        raise CollectiveUsageError(
-            f"rank {ctx.rank}: {kind}({what}={peer}) needs another member of group {g}; "
-            f"{what} is a global rank other than {ctx.rank}")
-
-
-def isend(x, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Work:
-    """Start sending x to `dst`; the message costs a + V/B on this rank's p2p stream."""
-    ctx = current()
-    _peer(ctx, dst, "dst", "send", group)
-    x = _arr(x, ctx, "send")
-    link = ctx.topology.link(ctx.rank, dst)
-    start = max(ctx.clock.compute, ctx.clock.p2p)
-    end = start + cost_model.p2p_time(x.nbytes, link)
-    ctx.clock.p2p = end
-    where = _where()
-    ctx.backend.send(ctx.rank, x, dst, tag, end, where)
-    ctx.trace.record(Event(ctx.rank, "p2p", "send", start, end, nbytes=x.nbytes,
-                           group=(ctx.rank, dst), label=f"to {dst}",
-                           meta={"sent_bytes": x.nbytes, "link": link.name, "where": where}))
-    return Work(ctx, lambda: (None, end), ready=lambda: True)
-
-
-def irecv(src: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Work:
-    """Post a receive from `src`; wait() returns the array once it has arrived."""
-    ctx = current()
-    _peer(ctx, src, "src", "recv", group)
-    posted = ctx.clock.compute
-    handle = ctx.backend.recv(ctx.rank, src, tag, _where())
-
-    def finish():
-        out = handle.wait()
-        arr = out.result
-        link = ctx.topology.link(src, ctx.rank)
-        end = max(posted, out.start)
-        begin = max(posted, out.start - cost_model.p2p_time(arr.nbytes, link))
-        ctx.trace.record(Event(ctx.rank, "recv", "recv", begin, end, nbytes=arr.nbytes,
-                               group=(src, ctx.rank), label=f"from {src}",
-                               meta={"link": link.name}))
-        return arr, end
-
-    return Work(ctx, finish, ready=handle.is_completed)
-
-
-def send(x, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> None:
-    """Blocking send: the compute stream waits until the message has left (a + V/B)."""
-    isend(x, dst, group, tag).wait()
-
-
-def recv(src: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> np.ndarray:
-    """Blocking receive: returns the message from `src` (a new array)."""
-    return irecv(src, group, tag).wait()

@@ -11,6 +11,7 @@ import contextlib
 import threading
 from typing import Iterator, Optional
 
+from .backends.sim import SimWorld
 from .clock import Clock
 from .device import DeviceSpec
 from .group import ProcessGroup
@@ -77,8 +78,6 @@ def set_current(ctx: Optional[Context]) -> None:
 
 def single_device(device: Optional[DeviceSpec] = None) -> Context:
     """A fresh context for one device that is the whole world."""
-    from .backends.sim import SimWorld  # local import: the backend imports this module
-
     topo = Topology.nodes(1, 1, device or DeviceSpec.h100_sxm())
     return Context(0, 1, topo, SimWorld(1))
 

@@ -24,22 +24,8 @@ from .blas import limit_blas_threads, threads_per_rank
 from .cost import ALGORITHMS
 from .context import Context, set_current
 from .errors import DeadlockError, MiniparError, RankFailedError, WorldAborted
+from .result import LaunchResult
 from .topology import Topology
-
-
-class LaunchResult(list):
-    """The per-rank return values, in rank order; `.contexts` keeps each rank's context
-    (ledger, clock, trace) for inspection after the run."""
-
-    contexts: list[Context]
-
-    def elapsed(self) -> float:
-        """Simulated time of the whole run: the latest stream time over all ranks."""
-        return max(c.clock.elapsed() for c in self.contexts)
-
-    def events(self) -> list:
-        """Every rank's trace events, rank by rank."""
-        return [e for c in self.contexts for e in c.trace.events]
 
 
 def launch(fn: Callable[[Context], Any], world_size: int, topology: Optional[Topology] = None,
@@ -62,7 +48,7 @@ def launch(fn: Callable[[Context], Any], world_size: int, topology: Optional[Top
             f"the topology has {topology.num_nodes} node(s) x {topology.gpus_per_node} = "
             f"{topology.world_size} devices but world_size={world_size}; make them agree")
     if backend == "mpi":
-        from .backends.mpi import launch_mpi
+        from .backends.mpi import launch_mpi  # needs mpi4py, an optional dependency
 
         return launch_mpi(fn, world_size, topology, algorithm)
     if backend != "sim":
@@ -94,9 +80,7 @@ def launch(fn: Callable[[Context], Any], world_size: int, topology: Optional[Top
             t.join()
     if world.error is not None:
         raise _first_failure(world.error, failures)
-    out = LaunchResult(results)
-    out.contexts = contexts
-    return out
+    return LaunchResult(results, contexts)
 
 
 def _first_failure(error: BaseException, failures: dict) -> BaseException:

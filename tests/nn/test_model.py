@@ -115,7 +115,7 @@ def test_activation_bytes_per_layer_equal_korthikanti(recompute, s, b, h, a):
         model = GPT(cfg)
         ids, tgt = batch(cfg, s, b)
         loss, cache = model.forward(ids, tgt, np.random.default_rng(0))
-        s_blocks = cache[3]
+        s_blocks = cache.blocks
         expected = activation_bytes_per_layer(s, b, h, a, recompute)
         if recompute == "none":
             assert expected == s * b * h * (34 + 5 * a * s / h)
@@ -137,7 +137,7 @@ def test_activation_bytes_without_dropout_and_in_wider_dtypes(dtype, act_bytes):
                             dropout=p, dtype=dtype)
             loss, cache = GPT(cfg).forward(*batch(cfg, s, b), np.random.default_rng(0))
             expected = activation_bytes_per_layer(s, b, h, a, "none", act_bytes, p > 0)
-            assert saved_bytes(cache[3][0]) == expected
+            assert saved_bytes(cache.blocks[0]) == expected
     assert activation_bytes_per_layer(s, b, h, a, dropout=False) == 32 * s * b * h + 2 * a * s * s * b
 
 

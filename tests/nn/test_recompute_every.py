@@ -48,7 +48,7 @@ def test_blocks_that_do_not_recompute_keep_everything():
         rng = np.random.default_rng(0)
         ids = rng.integers(0, 17, (s, b))
         _, cache = model.forward(ids, ids, np.random.default_rng(0))
-        kept = [_nbytes(sb) for sb in cache[3]]
+        kept = [_nbytes(sb) for sb in cache.blocks]
     full = activation_bytes_per_layer(s, b, h, a, "none")
     ckpt = activation_bytes_per_layer(s, b, h, a, "full")
     assert kept == [full, ckpt, full, ckpt]

@@ -1,4 +1,4 @@
-"""The seeds' incident cases reproduce their mechanism, on the numbers they return."""
+"""The incident cases reproduce their mechanism, on the numbers they return."""
 
 import pytest
 

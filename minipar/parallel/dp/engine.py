@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from ...nn.hooks import ROOT  # "root", the unit GPT.units() lists first
 from ...nn.parameter import Parameter
 from ...optim.clip import clip_coef
 from ...runtime.collectives import all_reduce
@@ -62,8 +63,6 @@ from ...runtime.context import current
 from ...runtime.group import ProcessGroup
 from .flat import FlatShard
 from .sharded_optimizer import ShardedOptimizer, check_optimizer_class, is_half
-
-ROOT = "root"  # the unit GPT.units() lists first: forward_pre first, backward_post last
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ non-root units may be whole or in flight at once (True = 2: the one computing an
 prefetched; an int sets the bound; False: no bound; FSDP's "rate limiter", DeepSpeed's
 `stage3_max_live_parameters`): a prefetch that would pass the bound is not issued, and the
 unit is gathered when it is needed. The bound caps the peak of gathered parameters; without
-it, a deep prefetch holds up to the whole model whole on top of the shards (the seeds'
-incident C, `minipar.incidents.zero3_recompute`).
+it, a deep prefetch holds up to the whole model whole on top of the shards (incident
+C, `minipar.programs.incidents.zero3_recompute`).
 
 Memory is measured after the optimizer step, when every unit is resharded: the formula
 above, exactly. During forward and backward, the live gathered buffers come on top (ledger

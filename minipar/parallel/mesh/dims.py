@@ -8,7 +8,8 @@
                   "replicate" dimension of HYBRID_SHARD)
     dp_shard      data-parallel ranks among which ZeRO / FSDP partition their states
     tp            Megatron tensor parallelism (+ sequence parallelism on the same group)
-    pp, cp, ep    pipeline, context and expert parallelism: accepted at 1 until they land
+    pp, cp, ep    pipeline, context and expert parallelism: their groups can be built, but
+                  `parallelize` accepts them at 1 only until their forms land
 
 Rank order. Megatron spells a layout fastest dimension first, `order="tp-cp-ep-dp-pp"`: tp
 varies fastest, so a tensor-parallel group holds consecutive ranks and sits inside a node;
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 #: Megatron-LM's default order, fastest first
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 _ORDER_NAMES = ("tp", "cp", "ep", "dp", "pp")
-#: the parallel forms minipar implements so far; the others are accepted at size 1 only
+#: the dimensions parallelize can build so far; the others it accepts at size 1 only
 IMPLEMENTED = ("dp_replicate", "dp_shard", "tp")
 
 
@@ -57,11 +58,6 @@ class ParallelDims:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"ParallelDims({name}={v!r}): every size must be a positive "
                                  f"integer (1 means the dimension is not used)")
-        for name, v in sizes.items():
-            if name not in IMPLEMENTED and v > 1:
-                raise ValueError(
-                    f"ParallelDims({name}={v}): {_FORM[name]} has not landed in minipar yet; "
-                    f"it is accepted at {name}=1 only. Compose {', '.join(IMPLEMENTED)} for now")
         if (self.dp * self.cp) % self.ep:
             raise ValueError(
                 f"ParallelDims(ep={self.ep}) must divide dp x cp = {self.dp} x {self.cp} = "
@@ -90,12 +86,22 @@ class ParallelDims:
         """Sizes of `mesh_dim_names`, slowest first: init_device_mesh(mesh_shape, names)."""
         return tuple(getattr(self, n) for n in self.mesh_dim_names)
 
-    def check_world(self, world_size: int) -> None:
+    def check_implemented(self) -> None:
+        """Refuse a size > 1 of a form minipar cannot build yet (the layout itself is valid:
+        its groups can be built and planned with)."""
+        for name, v in self.sizes().items():
+            if name not in IMPLEMENTED and v > 1:
+                raise ValueError(
+                    f"{self}: {_FORM[name]} has not landed in minipar yet, so {name}={v} "
+                    f"cannot be trained; it is accepted at {name}=1 only. Compose "
+                    f"{', '.join(IMPLEMENTED)} for now")
+
+    def check_world(self, world_size: int, rank: int) -> None:
         """Refuse a world these dims do not cover, naming both products."""
         if world_size != self.world_size:
             terms = " x ".join(f"{n}={getattr(self, n)}" for n in self.mesh_dim_names)
             raise ValueError(
-                f"{self} covers {self.world_size} ranks ({terms}), but the world has "
+                f"rank {rank}: {self} covers {self.world_size} ranks ({terms}), but the world has "
                 f"{world_size}: launch {self.world_size} ranks, or choose sizes whose product "
                 f"is {world_size}")
 

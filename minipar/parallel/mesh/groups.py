@@ -38,9 +38,9 @@ class ParallelGroups:
         if not isinstance(dims, ParallelDims):
             raise TypeError(f"ParallelGroups takes a ParallelDims, got {type(dims).__name__}")
         ctx = current()
-        dims.check_world(ctx.world_size)
-        self.dims = dims
         self.rank = ctx.rank if rank is None else rank
+        dims.check_world(ctx.world_size, self.rank)
+        self.dims = dims
         #: the torch spelling of the layout: init_device_mesh(dims.mesh_shape, names)
         self.mesh = DeviceMesh(dims.mesh_shape, dims.mesh_dim_names)
         self.coordinate: dict[str, int] = self.mesh.coordinate(self.rank)

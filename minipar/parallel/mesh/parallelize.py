@@ -175,6 +175,7 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
                         f"GPTConfig, not a {type(cfg).__name__}")
     if not isinstance(dims, ParallelDims):
         raise TypeError(f"parallelize takes a ParallelDims, got {type(dims).__name__}")
+    dims.check_implemented()
     groups = groups if groups is not None else ParallelGroups(dims)
     if groups.dims != dims:
         raise ValueError(f"groups were built for {groups.dims}, not {dims}")

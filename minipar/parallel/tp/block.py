@@ -37,16 +37,19 @@ from typing import Optional
 import numpy as np
 
 from ...nn.attention import core_attention_backward, core_attention_forward
-from ...nn.block import Block
+from ...nn.block import Block, BlockParts, residual_out_std
 from ...nn.gelu import gelu_backward, gelu_forward
+from ...nn.module import Module
 from ...runtime.group import ProcessGroup
 from .random import TensorParallelRNG
 from .sequence import SequenceParallelGrads, SequenceParallelLayerNorm
 from .layers import ColumnParallelLinear, RowParallelLinear, divide
 
 
-class ParallelAttention:
+class ParallelAttention(Module):
     """x [s, b, h] ([s/t, b, h] with SP) -> y of the same shape; a/t heads per rank."""
+
+    parameter_order = ("qkv", "proj")
 
     def __init__(self, name: str, cfg, group: ProcessGroup, sequence_parallel: bool,
                  sp_grads: Optional[SequenceParallelGrads], out_std: float):
@@ -58,9 +61,6 @@ class ParallelAttention:
                                         std=cfg.init_std, **kw)
         self.proj = RowParallelLinear(f"{name}.proj", cfg.hidden, cfg.hidden, group,
                                       std=out_std, sp_grads=sp_grads, **kw)
-
-    def parameters(self) -> list:
-        return self.qkv.parameters() + self.proj.parameters()
 
     def forward(self, x: np.ndarray, rng: TensorParallelRNG, selective: bool = False):
         (qkv, _), s_qkv = self.qkv.forward(x)  # qkv: [s, b, 3h/t], heads [a/t, 3, d]
@@ -77,8 +77,10 @@ class ParallelAttention:
         return self.qkv.backward(dqkv, s_qkv)
 
 
-class ParallelMLP:
+class ParallelMLP(Module):
     """x [s, b, h] -> fc2(GeLU(fc1(x))) with ffn/t hidden units per rank."""
+
+    parameter_order = ("fc1", "fc2")
 
     def __init__(self, name: str, cfg, group: ProcessGroup, sequence_parallel: bool,
                  sp_grads: Optional[SequenceParallelGrads], out_std: float):
@@ -89,9 +91,6 @@ class ParallelMLP:
                                         std=cfg.init_std, **kw)
         self.fc2 = RowParallelLinear(f"{name}.fc2", cfg.ffn, cfg.hidden, group, std=out_std,
                                      sp_grads=sp_grads, **kw)
-
-    def parameters(self) -> list:
-        return self.fc1.parameters() + self.fc2.parameters()
 
     def forward(self, x: np.ndarray, rng=None):
         (u, _), s1 = self.fc1.forward(x)  # u: [s, b, ffn/t]
@@ -105,31 +104,44 @@ class ParallelMLP:
         return self.fc1.backward(gelu_backward(dg, s_act), s1)
 
 
+def residual_stream_rng(rng: TensorParallelRNG, sequence_parallel: bool):
+    """The generator of dropout on the residual stream (the embedding's, each block's two):
+    the single-device mask on every rank, or with sequence parallelism this rank's
+    sequence slice of it."""
+    if sequence_parallel:
+        return rng.sharded(axis=0, batch_axis=1)
+    return rng.replicated(batch_axis=1)
+
+
+def parallel_parts(name: str, cfg, group: ProcessGroup, sequence_parallel: bool,
+                   sp_grads: Optional[SequenceParallelGrads]) -> BlockParts:
+    """nn.dense_parts' four parts, tensor-parallel over `group`: LayerNorms on the sequence
+    shard (their gradients to `sp_grads` under SP), ParallelAttention and ParallelMLP."""
+    out_std, dt, eps = residual_out_std(cfg), cfg.np_dtype, cfg.layernorm_eps
+    return BlockParts(
+        ln1=SequenceParallelLayerNorm(f"{name}.ln1", cfg.hidden, eps, dt, sp_grads),
+        attn=ParallelAttention(f"{name}.attn", cfg, group, sequence_parallel, sp_grads,
+                               out_std),
+        ln2=SequenceParallelLayerNorm(f"{name}.ln2", cfg.hidden, eps, dt, sp_grads),
+        mlp=ParallelMLP(f"{name}.mlp", cfg, group, sequence_parallel, sp_grads, out_std))
+
+
 class ParallelTransformerLayer(Block):
-    """A pre-LN block whose attention and MLP are tensor-parallel; x: [s, b, h] or, with
-    sequence parallelism, [s/t, b, h]. `sp_grads` collects the partial gradients of its
-    LayerNorms and row-parallel biases (the model flushes it after the backward).
+    """An nn.Block built from `parallel_parts`; x: [s, b, h] or, with sequence parallelism,
+    [s/t, b, h]. `sp_grads` collects the partial gradients of its LayerNorms and
+    row-parallel biases (the model flushes it before the block's backward_post hook).
 
     The forward, the backward and the recomputation modes are nn.Block's, run on these
-    sub-layers; only where the residual dropouts draw their masks differs.
+    parts; only where the residual dropouts draw their masks differs.
     """
 
     def __init__(self, name: str, cfg, group: ProcessGroup, sequence_parallel: bool,
-                 recompute: str):
-        self.name, self.dropout, self.recompute = name, cfg.dropout, recompute
+                 recompute: Optional[str] = None):
         self.sequence_parallel = sequence_parallel
         self.sp_grads = SequenceParallelGrads(group) if sequence_parallel else None
-        out_std = cfg.init_std / np.sqrt(2 * cfg.num_layers)  # as nn.Block
-        dt, eps = cfg.np_dtype, cfg.layernorm_eps
-        self.ln1 = SequenceParallelLayerNorm(f"{name}.ln1", cfg.hidden, eps, dt, self.sp_grads)
-        self.attn = ParallelAttention(f"{name}.attn", cfg, group, sequence_parallel,
-                                      self.sp_grads, out_std)
-        self.ln2 = SequenceParallelLayerNorm(f"{name}.ln2", cfg.hidden, eps, dt, self.sp_grads)
-        self.mlp = ParallelMLP(f"{name}.mlp", cfg, group, sequence_parallel, self.sp_grads,
-                               out_std)
+        super().__init__(name, cfg, parallel_parts(name, cfg, group, sequence_parallel,
+                                                   self.sp_grads), recompute)
 
     def residual_rng(self, rng: TensorParallelRNG):
         """The residual dropouts' generator: replicated, or this rank's sequence slice."""
-        if self.sequence_parallel:
-            return rng.sharded(axis=0, batch_axis=1)
-        return rng.replicated(batch_axis=1)
+        return residual_stream_rng(rng, self.sequence_parallel)

@@ -39,6 +39,7 @@ import numpy as np
 from ...nn.linear import (add_bias, linear_backward_input, linear_backward_weight,
                          linear_forward)
 from ...nn.matmul import compute_dtype
+from ...nn.module import Module
 from ...nn.parameter import Parameter, init_normal
 from ...nn.saved import Saved
 from ...runtime.collectives import all_gather
@@ -90,9 +91,11 @@ def gather_parameter(p: Parameter, group: ProcessGroup, grad: bool = False) -> n
     return all_gather(x, axis=p.partition_dim, group=group)
 
 
-class ColumnParallelLinear:
+class ColumnParallelLinear(Module):
     """y_r = f(x) W_r^T + b_r with W split along the outputs.  x: [s, b, in] (sequence
     parallel: [s/t, b, in]) -> y_r: [s, b, out/t] (gather_output: [s, b, out])."""
+
+    parameter_order = ("weight", "bias")  # weight: None when passed to forward (tied)
 
     def __init__(self, name: str, in_features: int, out_features: int, group: ProcessGroup,
                  bias: bool = True, gather_output: bool = False, skip_bias_add: bool = False,
@@ -115,10 +118,6 @@ class ColumnParallelLinear:
             self.weight = tensor_parallel_parameter(f"{name}.weight", full, 0, group)
         self.bias = (tensor_parallel_parameter(f"{name}.bias", np.zeros(out_features, dtype),
                                                0, group) if bias else None)
-
-    def parameters(self) -> list[Parameter]:
-        return ([self.weight] if self.weight is not None else []) + (
-            [self.bias] if self.bias is not None else [])
 
     def forward(self, x: np.ndarray, weight: Optional[Parameter] = None):
         """(y_r, bias or None), saved.  The bias comes back unadded with skip_bias_add, for
@@ -167,9 +166,11 @@ class ColumnParallelLinear:
         return copy_to_tensor_model_parallel_region.backward(dx_partial, self.group)
 
 
-class RowParallelLinear:
+class RowParallelLinear(Module):
     """y = g(x_r W_r^T) + b with W split along the inputs.  x_r: [s, b, in/t] -> y:
     [s, b, out] (sequence parallel: [s/t, b, out])."""
+
+    parameter_order = ("weight", "bias")
 
     def __init__(self, name: str, in_features: int, out_features: int, group: ProcessGroup,
                  bias: bool = True, input_is_parallel: bool = True, skip_bias_add: bool = False,
@@ -192,9 +193,6 @@ class RowParallelLinear:
         self.sp_grads = sp_grads if sequence_parallel else None
         if self.bias is not None and self.sp_grads is not None:
             mark_sequence_parallel(self.bias)
-
-    def parameters(self) -> list[Parameter]:
-        return [self.weight] + ([self.bias] if self.bias is not None else [])
 
     def forward(self, x: np.ndarray):
         """(y, bias or None), saved: partial products reduced, then the bias added once."""

@@ -34,6 +34,7 @@ import numpy as np
 
 from ...nn.embedding import embedding_backward
 from ...nn.matmul import compute_dtype
+from ...nn.module import Module
 from ...nn.parameter import Parameter, init_normal
 from ...nn.saved import Saved
 from ...runtime.collectives import all_reduce
@@ -58,8 +59,10 @@ def vocab_range(vocab_size: int, rank: int, size: int) -> tuple[int, int]:
     return rank * per, (rank + 1) * per
 
 
-class VocabParallelEmbedding:
+class VocabParallelEmbedding(Module):
     """y = g(E_r[ids - lo] masked to this rank's rows).  ids: int [s, b] -> y: [s, b, h]."""
+
+    parameter_order = ("weight",)
 
     def __init__(self, name: str, num_embeddings: int, dim: int, group: ProcessGroup,
                  seed: int = 0, dtype=np.float64, std: float = 0.02):
@@ -69,9 +72,6 @@ class VocabParallelEmbedding:
                                        group.size)
         full = init_normal(f"{name}.weight", (num_embeddings, dim), std, seed, dtype)
         self.weight: Parameter = tensor_parallel_parameter(f"{name}.weight", full, 0, group)
-
-    def parameters(self) -> list[Parameter]:
-        return [self.weight]
 
     def forward(self, ids: np.ndarray) -> tuple[np.ndarray, Saved]:
         ids = np.asarray(ids)

@@ -1,25 +1,26 @@
-"""The seeds' incident cases, runnable: each reproduces a failure's mechanism on simulated
-devices, prints what it measured and returns the numbers.
+"""Incident cases, runnable: each reproduces a failure's mechanism on simulated devices,
+prints what it measured and returns the numbers.
 
     name  module              what goes wrong
     a     tp_across_nodes     a tensor-parallel group spanning nodes: all-reduces on InfiniBand
     c     zero3_recompute     ZeRO-3 + activation checkpointing peaks above ZeRO-2
 
 Every module has `run(out=print) -> dict`; `minipar incident <name>` runs one. To add an
-incident, write its module and list it in INCIDENTS.
+incident, write its module, import it here and list it in INCIDENTS.
 """
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
-# name -> (module in this package, one line on what goes wrong)
-INCIDENTS: dict[str, tuple[str, str]] = {
-    "a": ("tp_across_nodes", "tensor parallelism across nodes puts its all-reduces on "
-                             "InfiniBand (keep TP inside the node, DP/PP across)"),
-    "c": ("zero3_recompute", "ZeRO-3 + activation checkpointing peaks above ZeRO-2 "
-                             "(limit_all_gathers and coarser checkpointing)"),
+from . import tp_across_nodes, zero3_recompute
+
+# name -> (its module, one line on what goes wrong)
+INCIDENTS: dict[str, tuple[ModuleType, str]] = {
+    "a": (tp_across_nodes, "tensor parallelism across nodes puts its all-reduces on "
+                           "InfiniBand (keep TP inside the node, DP/PP across)"),
+    "c": (zero3_recompute, "ZeRO-3 + activation checkpointing peaks above ZeRO-2 "
+                           "(limit_all_gathers and coarser checkpointing)"),
 }
 
 
@@ -27,7 +28,7 @@ def get(name: str) -> ModuleType:
     """The module of incident `name` ("a", "c", ...)."""
     if name not in INCIDENTS:
         raise KeyError(f"no incident {name!r}; the incidents are {sorted(INCIDENTS)}")
-    return importlib.import_module(f"{__name__}.{INCIDENTS[name][0]}")
+    return INCIDENTS[name][0]
 
 
 __all__ = ["INCIDENTS", "get"]

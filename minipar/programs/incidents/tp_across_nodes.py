@@ -9,10 +9,10 @@ the backward). Each sits between two matmuls that need its result, so nothing hi
 at 70B scale it costs a fifth of the layer's compute over NVLink, as much as the compute
 or several times it over InfiniBand (the analytical lines of the report).
 
-Source: the seeds' Case A (../shared/seeds/000, section 9.5): a 70B model on 32 nodes with
-TP = 16, so that every tp group spanned nodes (4 GPUs of each node in it). MFU was 35 %,
-and some steps ran 8-10x slower once the all-reduces saturated InfiniBand. The fix: TP = 8
-inside each node, PP = 4 and DP = 8 across nodes; MFU went back up to 48 %.
+The case: a 70B model on 32 nodes with TP = 16, so that every tp group spanned nodes (4
+GPUs of each node in it). MFU was 35 %, and some steps ran 8-10x slower once the
+all-reduces saturated InfiniBand. The fix: TP = 8 inside each node, PP = 4 and DP = 8
+across nodes; MFU went back up to 48 %.
 
 How the run reproduces it: one bf16 training step (AdamW under DDP) of a GPT under
 TensorParallelGPT on 2 simulated nodes of 4 A100s (NVLink 3 inside a node, InfiniBand
@@ -280,14 +280,14 @@ def report(model: dict, results: dict[str, dict], scale: dict, topology: Topolog
         "  MFU = matmul FLOPs a GPU / (step x peak); comm share = time communicating / step; "
         "IB MB = sent over InfiniBand",
         "",
-        f"Why: tensor parallelism all-reduces [s, b, h] 4 times a block and step, between "
-        f"matmuls that wait for the result.",
+        "Why: tensor parallelism all-reduces [s, b, h] 4 times a block and step, between "
+        "matmuls that wait for the result.",
         f"When the tp group spans nodes, those all-reduces cross InfiniBand: TP time "
         f"{tp_all['tp_comm_seconds'] / fix['tp_comm_seconds']:.1f}x the fix's at "
         f"tp={tp_all['mesh']['tp']}, {across['tp_comm_seconds'] / fix['tp_comm_seconds']:.1f}x "
         f"at tp={across['mesh']['tp']}",
-        f"(the fix's sizes: placement alone). The fix keeps TP on NVLink and sends only the "
-        f"gradients across nodes, once a step",
+        "(the fix's sizes: placement alone). The fix keeps TP on NVLink and sends only the "
+        "gradients across nodes, once a step",
         f"({fix['dp_comm_seconds'] * us:.1f} us). This model is tiny, so every layout is "
         f"latency-bound: compare the ratios, not the MFU.",
         "",

@@ -5,9 +5,8 @@ its all-gathers, the gathered weights of the units ahead pile up on top of the s
 recomputed forward's activations and the unit's full gradient, and the peak passes
 ZeRO-2's, which keeps the whole model all along. `limit_all_gathers` restores the bound.
 
-Source: the seeds' Case C (../shared/seeds/000, section nine, the tuning checklist): a 13B
-model under ZeRO-3 with activation checkpointing peaked about 20 % above ZeRO-2;
-`limit_all_gathers=True` and checkpointing in groups of 2 layers brought it back. The rate
+The case: a 13B model under ZeRO-3 with activation checkpointing peaked about 20 % above
+ZeRO-2; `limit_all_gathers=True` and checkpointing in groups of 2 layers brought it back. The rate
 limiter is PyTorch FSDP's (Zhao et al. 2023, "PyTorch FSDP"; the `limit_all_gathers`
 documentation: without it the CPU thread issues all-gathers with no synchronization, so
 they run ahead of the GPU's compute and their outputs stay allocated).

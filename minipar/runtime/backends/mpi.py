@@ -1,6 +1,7 @@
 """The MPI backend: each rank is a process of `mpiexec -n N python prog.py` (mpi4py).
 
-The front end (`collectives.py`) is the sim backend's; this backend only moves data, with
+The front end (`collectives.py`) is the sim backend's; this backend only moves data (the
+wire format and one generator per collective are in mpi_steps.py), with
 MPI's nonblocking buffer calls on one communicator per process group (`Create_group` at
 the group's first collective, cached by `group.key`; group rank i is communicator rank i):
 
@@ -38,14 +39,12 @@ wait for it forever.
 
 from __future__ import annotations
 
-import math
 import sys
 import traceback
 import zlib
 from collections import deque
-from typing import Any, Callable, Generator, Optional
+from typing import Any, Callable, Optional
 
-import ml_dtypes
 import numpy as np
 
 try:
@@ -57,196 +56,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 from ..context import Context, set_current
 from ..errors import CollectiveUsageError, MiniparError
 from ..group import ProcessGroup
-from ..launch import LaunchResult
-from ..reference import REFERENCES
+from ..result import LaunchResult
 from ..topology import Topology
 from .base import Call, Outcome
-
-MAX_NDIM = 32
-HEADER = 3 + MAX_NDIM  # [dtype code, ndim, float64 bits of a time, shape padded with 0]
-DTYPES = [np.dtype(t) for t in (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128", ml_dtypes.bfloat16,
-    ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)]
-CODES = {d: i for i, d in enumerate(DTYPES)}
-NATIVE = {np.dtype(t): getattr(MPI, t.upper() + "_T") for t in (
-    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}
-NATIVE.update({np.dtype("float32"): MPI.FLOAT, np.dtype("float64"): MPI.DOUBLE})
-OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
-Steps = Generator[list, None, Any]  # yields the requests of each stage, returns the result
-
-
-class BufferCache:
-    """Results of 1 MiB or more reuse buffers no array refers to any more, as PyTorch's
-    caching allocator reuses freed GPU memory: fresh pages, which the kernel must map and
-    zero, were most of the overhead over a bare mpi4py Allreduce. A buffer is handed out
-    again only when no result, nor any view of one, is alive: results stay functional."""
-
-    def __init__(self, min_bytes: int = 1 << 20, limit: int = 8):
-        self.min_bytes, self.limit, self._bufs = min_bytes, limit, []  # uint8 owners
-
-    def empty(self, shape: tuple, dtype) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < self.min_bytes:
-            return np.empty(shape, dtype)
-        for i in reversed(range(len(self._bufs))):  # most recently used first: still warm
-            if self._bufs[i].nbytes == nbytes and sys.getrefcount(self._bufs[i]) == 2:
-                self._bufs.append(self._bufs.pop(i))  # 2 refs above: the list, the argument
-                return self._bufs[-1].view(dtype).reshape(shape)
-        free = [i for i in range(len(self._bufs)) if sys.getrefcount(self._bufs[i]) == 2]
-        if len(self._bufs) >= self.limit and free:
-            del self._bufs[free[0]]  # forget the least recently used free buffer
-        buf = np.empty(nbytes, np.uint8)
-        if len(self._bufs) < self.limit:
-            self._bufs.append(buf)
-        return buf.view(dtype).reshape(shape)
-
-
-CACHE = BufferCache()
-
-
-def _copy(a: np.ndarray) -> np.ndarray:
-    out = CACHE.empty(a.shape, a.dtype)
-    out[...] = a
-    return out
-
-
-def _raw(a: np.ndarray) -> list:
-    """A C-contiguous array as [bytes, MPI.BYTE]: any dtype moves as bytes."""
-    return [a.reshape(-1).view(np.uint8), MPI.BYTE]
-
-
-def _typed(a: np.ndarray) -> list:
-    return [a.reshape(-1), NATIVE[a.dtype]]
-
-
-def _who(call: Call) -> str:
-    return f"rank {call.rank}: {call.describe()}"
-
-
-def _check(a: np.ndarray, who) -> None:
-    """Refuse what cannot move as bytes; `who` (a Call or a text) names the caller."""
-    if a.dtype not in CODES or a.ndim > MAX_NDIM:
-        raise CollectiveUsageError(
-            f"{who if isinstance(who, str) else _who(who)}: the mpi backend cannot move an "
-            f"array of shape {a.shape} and dtype {a.dtype}; it moves up to {MAX_NDIM} "
-            f"dimensions of {[str(d) for d in DTYPES]}")
-
-
-def _header(a: np.ndarray, who, when: float = 0.0) -> np.ndarray:
-    """What a receiver needs to know of `a`: dtype code, ndim, a time, shape."""
-    _check(a, who)
-    h = np.zeros(HEADER, np.int64)
-    h[0], h[1], h[2] = CODES[a.dtype], a.ndim, np.float64(when).view(np.int64)
-    h[3:3 + a.ndim] = a.shape
-    return h
-
-
-def _unheader(h: np.ndarray) -> tuple[tuple, np.dtype, float]:
-    """(shape, dtype, time) from a header."""
-    return tuple(int(s) for s in h[3:3 + h[1]]), DTYPES[h[0]], float(h[2:3].view(np.float64)[0])
-
-
-def _avg(total: np.ndarray, op: str, n: int) -> np.ndarray:
-    return np.asarray(total / n).astype(total.dtype, copy=False) if op == "avg" else total
-
-
-def _offsets(counts: list[int]) -> list[int]:
-    return [0] + np.cumsum(counts)[:-1].tolist()
-
-
-# ---- one generator per collective: post a stage, yield its requests; return the result ---
-def _all_reduce(comm, me: int, call: Call) -> Steps:
-    x, op = np.ascontiguousarray(call.payload), call.params["op"]
-    out = CACHE.empty(x.shape, x.dtype)
-    yield [comm.Iallreduce(_typed(x), _typed(out), OPS[op])]
-    return _avg(out, op, comm.size)
-
-
-def _reduce(comm, me: int, call: Call) -> Steps:
-    x, op, dst = np.ascontiguousarray(call.payload), call.params["op"], call.params["dst"]
-    out = CACHE.empty(x.shape, x.dtype) if me == dst else None
-    yield [comm.Ireduce(_typed(x), None if out is None else _typed(out), OPS[op], root=dst)]
-    return None if out is None else _avg(out, op, comm.size)
-
-
-def _reduce_scatter(comm, me: int, call: Call) -> Steps:
-    op, axis = call.params["op"], call.params["axis"]
-    front = np.ascontiguousarray(np.moveaxis(call.payload, axis, 0))  # chunk i: rank i's rows
-    out = CACHE.empty((front.shape[0] // comm.size,) + front.shape[1:], front.dtype)
-    yield [comm.Ireduce_scatter_block(_typed(front), _typed(out), OPS[op])]
-    return np.ascontiguousarray(np.moveaxis(_avg(out, op, comm.size), 0, axis))
-
-
-def _by_reference(comm, me: int, call: Call) -> Steps:
-    """A reduction MPI cannot do (bfloat16, float16, ...): all-gather the blocks, then
-    reduce them with reference.py in group order, as the sim backend does."""
-    x = np.ascontiguousarray(call.payload)
-    blocks = CACHE.empty((comm.size,) + x.shape, x.dtype)
-    yield [comm.Iallgather(_raw(x), _raw(blocks))]
-    return REFERENCES[call.ref_kind](list(blocks), **call.params)[me]
-
-
-def _all_gather(comm, me: int, call: Call) -> Steps:
-    x, axis = np.ascontiguousarray(call.payload), call.params["axis"]
-    blocks = CACHE.empty((comm.size,) + x.shape, x.dtype)
-    yield [comm.Iallgather(_raw(x), _raw(blocks))]
-    return blocks.reshape((-1,) + x.shape[1:]) if axis == 0 else np.concatenate(blocks, axis)
-
-
-def _gather(comm, me: int, call: Call) -> Steps:
-    x, dst = np.ascontiguousarray(call.payload), call.params["dst"]
-    blocks = CACHE.empty((comm.size,) + x.shape, x.dtype) if me == dst else None
-    yield [comm.Igather(_raw(x), None if blocks is None else _raw(blocks), root=dst)]
-    return None if blocks is None else list(blocks)
-
-
-def _broadcast(comm, me: int, call: Call) -> Steps:
-    src = call.params["src"]
-    mine = _copy(call.payload) if me == src else None  # the source's own result
-    head = _header(mine, call) if me == src else np.empty(HEADER, np.int64)
-    yield [comm.Ibcast(head, root=src)]
-    shape, dtype, _ = _unheader(head)
-    out = mine if me == src else CACHE.empty(shape, dtype)
-    yield [comm.Ibcast(_raw(out), root=src)]
-    return out
-
-
-def _scatter(comm, me: int, call: Call) -> Steps:
-    src = call.params["src"]
-    pieces = np.stack(call.payload) if me == src else None  # [n, *piece shape]
-    head = _header(pieces[0], call) if me == src else np.empty(HEADER, np.int64)
-    yield [comm.Ibcast(head, root=src)]
-    shape, dtype, _ = _unheader(head)
-    out = CACHE.empty(shape, dtype)
-    yield [comm.Iscatter(None if pieces is None else _raw(pieces), _raw(out), root=src)]
-    return out
-
-
-def _all_to_all(comm, me: int, call: Call) -> Steps:
-    pieces = [np.ascontiguousarray(p) for p in call.payload]
-    heads = np.stack([_header(p, call) for p in pieces])
-    theirs = np.empty_like(heads)  # theirs[j]: the header of the piece rank j sends here
-    yield [comm.Ialltoall(heads, theirs)]
-    got = [_unheader(h) for h in theirs]
-    sent, counts = [p.nbytes for p in pieces], [int(np.prod(s)) * d.itemsize for s, d, _ in got]
-    send = np.concatenate([_raw(p)[0] for p in pieces])
-    recv = CACHE.empty((sum(counts),), np.uint8)
-    yield [comm.Ialltoallv([send, (sent, _offsets(sent)), MPI.BYTE],
-                           [recv, (counts, _offsets(counts)), MPI.BYTE])]
-    return [recv[o:o + c].view(d).reshape(s)
-            for (s, d, _), o, c in zip(got, _offsets(counts), counts)]
-
-
-def _barrier(comm, me: int, call: Call) -> Steps:
-    yield [comm.Ibarrier()]
-
-
-KINDS: dict[str, Callable[..., Steps]] = {
-    "all_reduce": _all_reduce, "reduce": _reduce, "reduce_scatter": _reduce_scatter,
-    "all_gather": _all_gather, "gather": _gather, "broadcast": _broadcast,
-    "scatter": _scatter, "all_to_all": _all_to_all, "barrier": _barrier}
+from .mpi_steps import (CACHE, HEADER, KINDS, NATIVE, Steps, as_bytes, by_reference, caller,
+                        check_movable, header, private_copy, unheader)
 
 
 # ---- handles --------------------------------------------------------------------------
@@ -265,7 +79,7 @@ class MpiHandle:
             return fn(*args)
         except MPI.Exception as exc:
             raise MiniparError(
-                f"{_who(self._call)}: MPI failed: {exc}. The mpi backend cannot diagnose ranks "
+                f"{caller(self._call)}: MPI failed: {exc}. The mpi backend cannot diagnose ranks "
                 "that call different collectives; run the program with backend='sim' to see "
                 "which rank called what") from exc
 
@@ -305,9 +119,9 @@ class _Receive:
     def is_completed(self) -> bool:
         """Move on without blocking; True once the message is in."""
         if self._data is None and self._queue[0] is self and self._req.Test():
-            shape, dtype, self._arrival = _unheader(self._head)
+            shape, dtype, self._arrival = unheader(self._head)
             self._data = CACHE.empty(shape, dtype)
-            self._req = self._b.data.Irecv(_raw(self._data), self._src, self._tag)
+            self._req = self._b.data.Irecv(as_bytes(self._data), self._src, self._tag)
             self._queue.popleft()
         if self._outcome is None and self._data is not None and self._req.Test():
             self._outcome = Outcome(self._data, self._arrival)
@@ -358,9 +172,9 @@ class MpiBackend:
 
     def collective(self, call: Call) -> MpiHandle:
         if call.ref_kind not in KINDS:
-            raise CollectiveUsageError(f"{_who(call)}: the mpi backend has no {call.kind!r}")
+            raise CollectiveUsageError(f"{caller(call)}: the mpi backend has no {call.kind!r}")
         for a in [call.payload] if isinstance(call.payload, np.ndarray) else call.payload or []:
-            _check(np.asarray(a), call)
+            check_movable(np.asarray(a), call)
         comm, me = self.comm(call.group), call.group.group_rank(call.rank)
         start, latest = np.array([call.local_start], np.float64), np.empty(1)
         first, mine, infos = [comm.Iallreduce(start, latest, MPI.MAX)], None, None
@@ -371,7 +185,7 @@ class MpiBackend:
         kind = KINDS[call.ref_kind]
         if call.kind in ("all_reduce", "reduce", "reduce_scatter") and \
                 call.payload.dtype not in NATIVE:
-            kind = _by_reference
+            kind = by_reference
         return MpiHandle(self, call, kind(comm, me, call), first, (start, latest, mine, infos))
 
     def _check_tag(self, tag: int, what: str) -> None:
@@ -381,9 +195,9 @@ class MpiBackend:
     def send(self, rank: int, array, dst: int, tag: int, arrival: float, where: str) -> None:
         who = f"rank {rank}: send to rank {dst} at {where}"
         self._check_tag(tag, who)
-        data = _copy(np.asarray(array))  # the message: a private copy
-        head = _header(data, who, arrival)
-        reqs = [self.heads.Isend(head, dst, tag), self.data.Isend(_raw(data), dst, tag)]
+        data = private_copy(np.asarray(array))  # the message: a private copy
+        head = header(data, who, arrival)
+        reqs = [self.heads.Isend(head, dst, tag), self.data.Isend(as_bytes(data), dst, tag)]
         self._sends = [s for s in self._sends if not MPI.Request.Testall(s[0])]
         self._sends.append((reqs, head, data))
 
@@ -430,6 +244,4 @@ def launch_mpi(fn: Callable[[Context], Any], world_size: int, topology: Topology
         world.Abort(1)
     finally:
         set_current(None)
-    out = LaunchResult([result])
-    out.contexts = [ctx]
-    return out
+    return LaunchResult([result], [ctx])

@@ -27,7 +27,7 @@ def layer_bytes(cfg, t, sp, b):
         ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (cfg.seq_len, b))
         _, cache = model.forward(ids, ids)
         per_block = [held[blk.name] for blk in model.blocks]
-        assert per_block == [saved_bytes(sb) for sb in cache[3]]  # ledger = Saved objects
+        assert per_block == [saved_bytes(sb) for sb in cache.blocks]  # ledger = Saved objects
         model.backward(cache)
         assert ctx.ledger.held("activations") == 0
         return per_block

@@ -90,13 +90,15 @@ def test_dropout_masks_replicated_identical_sharded_different_both_single_device
     ids, tgt = batch(CFG)
     with mp.device():
         _, cache = GPT(CFG).forward(ids, tgt)
-        ref = [(sb[1][1].s_drop.mask, sb[2].mask) for sb in cache[3]]  # (attn, residual 1)
-        ref_embed = cache[2].mask
+        ref = [(sb[1][1].s_drop.mask, sb[2].mask)  # (attn, residual 1)
+               for sb in cache.blocks]
+        ref_embed = cache.embed.dropout.mask
 
     def program(ctx, sp):
         model = TensorParallelGPT(CFG, mp.new_group(range(t), "tp"), sequence_parallel=sp)
         _, cache = model.forward(ids, tgt)
-        return cache[2].mask, [(sb[1][1].s_drop.mask, sb[2].mask) for sb in cache[3]]
+        return cache.embed.dropout.mask, [(sb[1][1].s_drop.mask, sb[2].mask)
+                                          for sb in cache.blocks]
 
     for sp in (False, True):
         ranks = mp.launch(lambda ctx: program(ctx, sp), t)

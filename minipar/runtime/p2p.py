@@ -1,0 +1,75 @@
+"""Point to point: send, recv and their asynchronous forms, torch.distributed's names.
+
+`send` is eager (buffered): it costs the sender a + V/B on its p2p stream and returns;
+`recv` returns the message (a new array) once it has arrived, on the receiver's clock.
+`dst` and `src` are global ranks; `group`, if given, must contain both.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from . import cost as cost_model
+from .context import Context, current
+from .errors import CollectiveUsageError
+from .group import ProcessGroup
+from .trace import Event
+from .work import Work, as_array, call_site
+
+
+def _peer(ctx: Context, peer: int, what: str, kind: str, group: Optional[ProcessGroup]) -> None:
+    g = ctx.world if group is None else group
+    if peer not in g or peer == ctx.rank:
+        raise CollectiveUsageError(
+            f"rank {ctx.rank}: {kind}({what}={peer}) needs another member of group {g}; "
+            f"{what} is a global rank other than {ctx.rank}")
+
+
+def isend(x, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Work:
+    """Start sending x to `dst`; the message costs a + V/B on this rank's p2p stream."""
+    ctx = current()
+    _peer(ctx, dst, "dst", "send", group)
+    x = as_array(x, ctx, "send")
+    link = ctx.topology.link(ctx.rank, dst)
+    start = max(ctx.clock.compute, ctx.clock.p2p)
+    end = start + cost_model.p2p_time(x.nbytes, link)
+    ctx.clock.p2p = end
+    where = call_site()
+    ctx.backend.send(ctx.rank, x, dst, tag, end, where)
+    ctx.trace.record(Event(ctx.rank, "p2p", "send", start, end, nbytes=x.nbytes,
+                           group=(ctx.rank, dst), label=f"to {dst}",
+                           meta={"sent_bytes": x.nbytes, "link": link.name, "where": where}))
+    return Work(ctx, lambda: (None, end), ready=lambda: True)
+
+
+def irecv(src: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Work:
+    """Post a receive from `src`; wait() returns the array once it has arrived."""
+    ctx = current()
+    _peer(ctx, src, "src", "recv", group)
+    posted = ctx.clock.compute
+    handle = ctx.backend.recv(ctx.rank, src, tag, call_site())
+
+    def finish():
+        out = handle.wait()
+        arr = out.result
+        link = ctx.topology.link(src, ctx.rank)
+        end = max(posted, out.start)
+        begin = max(posted, out.start - cost_model.p2p_time(arr.nbytes, link))
+        ctx.trace.record(Event(ctx.rank, "recv", "recv", begin, end, nbytes=arr.nbytes,
+                               group=(src, ctx.rank), label=f"from {src}",
+                               meta={"link": link.name}))
+        return arr, end
+
+    return Work(ctx, finish, ready=handle.is_completed)
+
+
+def send(x, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> None:
+    """Blocking send: the compute stream waits until the message has left (a + V/B)."""
+    isend(x, dst, group, tag).wait()
+
+
+def recv(src: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> np.ndarray:
+    """Blocking receive: returns the message from `src` (a new array)."""
+    return irecv(src, group, tag).wait()
