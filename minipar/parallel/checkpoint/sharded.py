@@ -51,7 +51,7 @@ from ...runtime.collectives import barrier, broadcast
 from ...runtime.context import current
 from ..dp.sharded_optimizer import is_half
 from .layout import (KIND, RankLayout, assemble, check_kind, describe, file_coordinates,
-                     rank_layout, unwrap)
+                     load_arrays, rank_layout, unwrap)
 
 FORMAT = "minipar-layout-checkpoint"
 VERSION = 1
@@ -174,6 +174,11 @@ def _read_index(d: Path) -> dict:
         raise CheckpointError(f"{where} is damaged: expected world_size, an 'arrays' table "
                               f"and one file per coordinate of the mesh {mesh}, numbered in "
                               "(pp, tp, dp_shard) order")
+    in_units = {p["name"] for u in meta.get("units", []) for p in u.get("params", [])}
+    if in_units != set(meta.get("params", {})):
+        raise CheckpointError(f"{where} is damaged: its units hold the parameters "
+                              f"{sorted(in_units)[:4]}..., its params table lists "
+                              f"{sorted(meta.get('params', {}))[:4]}...; they must be the same")
     if mesh["pp"] != 1:
         raise CheckpointError(f"{where} holds {mesh['pp']} pipeline stages; this minipar "
                               "has no pipeline parallelism yet and reads pp = 1 only")
@@ -182,7 +187,7 @@ def _read_index(d: Path) -> dict:
 
 def _read_file(d: Path, entry: dict, index: dict) -> dict[str, np.ndarray]:
     """One rank's arrays, checked against the index: same save, coordinate, names, shapes."""
-    arrays, fmeta = files.load_arrays(d / entry["file"])  # no pickles; .npz matches .json
+    arrays, fmeta = load_arrays(d / entry["file"])  # no pickles; .npz matches .json
     js = files.checkpoint_paths(d / entry["file"])[1]
     ours, theirs = index["meta"]["save_id"], fmeta.get("save_id")
     if theirs != ours:
