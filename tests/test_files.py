@@ -14,7 +14,6 @@ from hypothesis import given, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import minipar as mp
-from minipar import files as ck
 from minipar.files import (CheckpointError, PickledCheckpointError, consolidate,
                                 load_arrays, load_sharded, save_arrays, save_consolidated,
                                 save_sharded)
@@ -271,7 +270,7 @@ def test_a_crash_between_the_two_renames_is_caught_on_load(tmp_path, monkeypatch
             raise OSError("power cut (simulated)")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(ck.os, "replace", fail_on_json)
+    monkeypatch.setattr(os, "replace", fail_on_json)  # what files/atomic.py calls
     with pytest.raises(OSError, match="power cut"):
         save_arrays(tmp_path / "ck", {"w": np.zeros(4)}, {"step": 2})
     monkeypatch.undo()

@@ -26,7 +26,7 @@ import numpy as np
 from ... import files
 from ...runtime.collectives import barrier, gather
 from ...runtime.context import current
-from .layout import (RankLayout, assemble, check_kind, describe, describe_params, load_arrays,
+from .layout import (RankLayout, assemble, check_kind, describe, describe_params,
                      rank_layout, unwrap)
 
 PathLike = Union[str, os.PathLike]
@@ -73,6 +73,6 @@ def _gather_pieces(sd: dict[str, np.ndarray], layout: RankLayout):
 
 def read_consolidated(path: PathLike) -> tuple[dict[str, np.ndarray], dict]:
     """(the full state, the checkpoint's metadata) from path.npz/.json."""
-    arrays, meta = load_arrays(path)
+    arrays, meta = files.load_arrays(path)
     check_kind(meta, files.checkpoint_paths(path)[1], "consolidated")
     return arrays, meta

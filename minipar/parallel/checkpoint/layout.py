@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 
-from ... import files
 from ...files import CheckpointError
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
@@ -253,17 +251,3 @@ def assemble(pieces: list[dict[str, np.ndarray]], params: dict[str, dict], kinds
                                       f"but the index records {spec['shape']}; it is damaged")
             out[key] = full
     return out
-
-
-# ---- reading files -------------------------------------------------------------------------
-_READING = threading.Lock()
-
-
-def load_arrays(path) -> tuple[dict[str, np.ndarray], dict]:
-    """files.load_arrays, one thread at a time. Every rank reads the whole checkpoint, and
-    in a simulated run the ranks are threads of one process; NumPy parses each .npy header
-    with ast.literal_eval, and CPython 3.11 keeps the AST constructor's recursion depth per
-    interpreter rather than per thread (gh-106905), so concurrent reads can fail with a
-    spurious "AST constructor recursion depth mismatch" (seen once in this suite)."""
-    with _READING:
-        return files.load_arrays(path)

@@ -51,7 +51,7 @@ from ...runtime.collectives import barrier, broadcast
 from ...runtime.context import current
 from ..dp.sharded_optimizer import is_half
 from .layout import (KIND, RankLayout, assemble, check_kind, describe, file_coordinates,
-                     load_arrays, rank_layout, unwrap)
+                     rank_layout, unwrap)
 
 FORMAT = "minipar-layout-checkpoint"
 VERSION = 1
@@ -187,7 +187,7 @@ def _read_index(d: Path) -> dict:
 
 def _read_file(d: Path, entry: dict, index: dict) -> dict[str, np.ndarray]:
     """One rank's arrays, checked against the index: same save, coordinate, names, shapes."""
-    arrays, fmeta = load_arrays(d / entry["file"])  # no pickles; .npz matches .json
+    arrays, fmeta = files.load_arrays(d / entry["file"])  # no pickles; .npz matches .json
     js = files.checkpoint_paths(d / entry["file"])[1]
     ours, theirs = index["meta"]["save_id"], fmeta.get("save_id")
     if theirs != ours:

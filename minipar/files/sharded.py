@@ -1,0 +1,170 @@
+"""A sharded checkpoint: one file pair per rank, and an index.
+
+A sharded checkpoint, `save_sharded(dirpath, rank, world_size, arrays, meta, sharded)`:
+every rank writes dirpath/rank{r:05d}.npz/.json with the arrays it holds, and rank 0 also
+writes dirpath/index.json:
+
+    {"format": "minipar-sharded-checkpoint", "version": 1, "world_size": 3,
+     "files": ["rank00000", "rank00001", "rank00002"],
+     "arrays": {
+       "step":    {"full": true, "global_shape": [], "dtype": "int64"},
+       "exp_avg": {"axis": 0, "global_shape": [5, 7], "dtype": "float32",
+                   "global_numel": 35, "shard_numel": 12, "offsets": [0, 12, 24],
+                   "padding": 1}},
+     "meta": {...rank 0's metadata...}}
+
+  - {"full": true}: every rank holds the whole array (a replicated array: parameters under
+    ZeRO-1/2, a step counter). `consolidate` takes rank 0's copy after checking that every
+    rank holds the same bits.
+  - {"axis": 0, ...}: a flat shard, the ZeRO/FSDP layout. The array is flattened in C order
+    to global_numel elements and padded at the end to world_size * shard_numel elements
+    (`padding` of them); rank r holds the 1-D slice [offsets[r], offsets[r] + shard_numel),
+    with offsets[r] = r * shard_numel. `consolidate` concatenates the shards in rank
+    order, drops the trailing padding and reshapes to global_shape.
+
+Every rank's own JSON also records its rank, the world size and the flat-sharded names, so
+a file from another save or another rank is caught. In a simulated run the ranks write
+concurrently (each its own files); load only after every rank has saved (a barrier).
+"""
+
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .arrays import read_checkpoint, save_arrays, write_checkpoint
+from .atomic import PathLike, VERSION, checkpoint_paths, json_bytes, read_json, replace_all, temp_file
+from .errors import CheckpointError
+
+SHARDED_FORMAT = "minipar-sharded-checkpoint"
+INDEX_NAME = "index.json"
+
+
+def shard_file_stem(rank: int) -> str:
+    """rank -> 'rank{rank:05d}', the stem of that rank's .npz/.json."""
+    return f"rank{rank:05d}"
+
+
+def save_sharded(dirpath: PathLike, rank: int, world_size: int,
+                 arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any],
+                 sharded: Optional[Mapping[str, Sequence[int]]] = None,
+                 compress: bool = False) -> None:
+    """This rank's part of a sharded checkpoint: dirpath/rank{r:05d}.npz/.json; rank 0 also
+    writes dirpath/index.json (layout in the module docstring).
+
+    sharded: name -> global shape, for each array that is a flat shard (1-D, the same
+    number of elements on every rank, world_size of them covering the flattened global
+    array plus end padding); every other array is replicated ("full"). Every rank passes
+    the same `sharded`.
+    """
+    if not (isinstance(world_size, int) and world_size >= 1):
+        raise CheckpointError(f"world_size must be an int >= 1, got {world_size!r}")
+    if not (isinstance(rank, int) and 0 <= rank < world_size):
+        raise CheckpointError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+    sharded = {k: [int(d) for d in v] for k, v in (sharded or {}).items()}
+    unknown = sorted(sharded.keys() - arrays.keys())
+    if unknown:
+        raise CheckpointError(f"rank {rank}: {unknown} listed in `sharded` but not among the "
+                              f"arrays {sorted(arrays)}")
+    layout = {}
+    for name, a in arrays.items():
+        a = np.asarray(a)
+        if name not in sharded:
+            layout[name] = {"full": True, "global_shape": list(a.shape), "dtype": a.dtype.name}
+            continue
+        g = math.prod(sharded[name])
+        if a.ndim != 1 or world_size * a.size < g:
+            raise CheckpointError(
+                f"rank {rank}: the flat shard of {name!r} has shape {list(a.shape)}; for a "
+                f"global shape {sharded[name]} ({g} elements) over {world_size} ranks each "
+                f"rank must hold a 1-D array of at least ceil({g}/{world_size}) = "
+                f"{-(-g // world_size)} elements (the last ones padding)")
+        layout[name] = {"axis": 0, "global_shape": sharded[name], "dtype": a.dtype.name,
+                        "global_numel": g, "shard_numel": a.size,
+                        "offsets": [r * a.size for r in range(world_size)],
+                        "padding": world_size * a.size - g}
+    d = Path(dirpath)
+    d.mkdir(parents=True, exist_ok=True)
+    write_checkpoint(d / shard_file_stem(rank), arrays, meta, compress,
+          extra={"shard": {"rank": rank, "world_size": world_size, "sharded": sharded}})
+    if rank == 0:
+        index = {"format": SHARDED_FORMAT, "version": VERSION, "world_size": world_size,
+                 "files": [shard_file_stem(r) for r in range(world_size)],
+                 "arrays": layout, "meta": dict(meta)}
+        body = json_bytes(index, str(d / INDEX_NAME))
+        replace_all([(temp_file(d / INDEX_NAME, lambda f: f.write(body)), d / INDEX_NAME)])
+
+
+def load_sharded(dirpath: PathLike) -> tuple[list[dict[str, np.ndarray]], dict]:
+    """Every rank's arrays, in rank order, and the index; each file checked against it."""
+    d = Path(dirpath)
+    index = read_json(d / INDEX_NAME, SHARDED_FORMAT)
+    W, layout = index.get("world_size"), index.get("arrays")
+    if not (isinstance(W, int) and W >= 1 and isinstance(layout, dict)
+            and index.get("files") == [shard_file_stem(r) for r in range(W)]):
+        raise CheckpointError(f"{d / INDEX_NAME} is damaged: expected world_size >= 1, an "
+                              "'arrays' table and files rank00000 .. rank{world_size-1}")
+    for name, spec in layout.items():
+        needs = ["global_shape", "dtype"]
+        if not (isinstance(spec, dict) and spec.get("full")):
+            needs += ["global_numel", "shard_numel", "offsets", "padding"]
+        if not isinstance(spec, dict) or any(k not in spec for k in needs):
+            raise CheckpointError(f"{d / INDEX_NAME}: the entry of array {name!r} is damaged; "
+                                  f"expected the keys {needs}, got {spec!r}")
+    flat_shapes = {name: spec["global_shape"] for name, spec in layout.items()
+                   if not spec.get("full")}
+    shards = []
+    for r in range(W):
+        arrays, doc = read_checkpoint(d / shard_file_stem(r))
+        file = checkpoint_paths(d / shard_file_stem(r))[1]
+        info = doc.get("shard", {})
+        if info.get("rank") != r or info.get("world_size") != W:
+            raise CheckpointError(f"{file} was written by rank {info.get('rank')} of "
+                                  f"{info.get('world_size')}, but the index expects rank {r} "
+                                  f"of {W}; the directory mixes two saves")
+        if info.get("sharded") != flat_shapes:
+            raise CheckpointError(f"{file} was saved with sharded={info.get('sharded')}, rank 0 "
+                                  f"with sharded={flat_shapes}; every rank must pass the same")
+        if arrays.keys() != layout.keys():
+            raise CheckpointError(f"{file} holds arrays {sorted(arrays)}, the index lists "
+                                  f"{sorted(layout)}; every rank must save the same names")
+        for name, spec in layout.items():
+            a = arrays[name]
+            want = spec["global_shape"] if spec.get("full") else [spec["shard_numel"]]
+            if list(a.shape) != want or a.dtype.name != spec["dtype"]:
+                raise CheckpointError(f"{file}: array {name!r} is {a.dtype.name} of shape "
+                                      f"{list(a.shape)}, the index expects {spec['dtype']} of "
+                                      f"shape {want}")
+        shards.append(arrays)
+    return shards, index
+
+
+def consolidate(dirpath: PathLike) -> dict[str, np.ndarray]:
+    """Full arrays from a sharded checkpoint: flat shards concatenated in rank order, their
+    padding dropped, reshaped to the global shape; replicated arrays checked equal on every
+    rank and taken from rank 0."""
+    shards, index = load_sharded(dirpath)
+    full = {}
+    for name, spec in index["arrays"].items():
+        if spec.get("full"):
+            for r, s in enumerate(shards[1:], start=1):
+                if s[name].tobytes() != shards[0][name].tobytes():
+                    raise CheckpointError(
+                        f"{Path(dirpath)}: replicated array {name!r} differs between rank 0 "
+                        f"and rank {r}; a replicated array must be identical on every rank "
+                        "(mark it as a flat shard in `sharded` if it is not replicated)")
+            full[name] = shards[0][name]
+        else:
+            flat = np.concatenate([s[name] for s in shards])
+            full[name] = flat[:spec["global_numel"]].reshape(spec["global_shape"])
+    return full
+
+
+def save_consolidated(path: PathLike, full_arrays: Mapping[str, np.ndarray],
+                      meta: Mapping[str, Any], compress: bool = False) -> tuple[Path, Path]:
+    """Save the full arrays `consolidate` returns as one checkpoint (= save_arrays)."""
+    return save_arrays(path, full_arrays, meta, compress)
