@@ -452,3 +452,25 @@ def test_nothing_cites_a_file_outside_the_repository():
     assert "docs/runtime.md" in texts and "minipar/runtime/launch.py" in texts
     errors = [e for path, text in sorted(texts.items()) for e in outside_citation_errors(path, text)]
     assert not errors, "\n".join(errors)
+
+
+MAX_LINES = 400  # a reader reads a file top to bottom: one idea, a few hundred lines
+
+
+def long_module_errors(lengths: dict[str, int]) -> list[str]:
+    """One message per module longer than MAX_LINES, naming it and its length."""
+    return [f"{name} has {n} lines, over {MAX_LINES}: split it along its ideas"
+            for name, n in sorted(lengths.items()) if n > MAX_LINES]
+
+
+def test_a_long_module_is_reported():
+    assert long_module_errors({"minipar/a.py": 401, "minipar/b.py": 400}) == [
+        "minipar/a.py has 401 lines, over 400: split it along its ideas"]
+
+
+def test_no_module_is_over_400_lines():
+    lengths = {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+               for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    assert len(lengths) > 100
+    errors = long_module_errors(lengths)
+    assert not errors, "\n".join(errors)

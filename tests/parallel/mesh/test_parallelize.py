@@ -7,9 +7,8 @@ import pytest
 
 import minipar as mp
 from minipar.nn import GPT
-from minipar.parallel import (DistributedDataParallel, FullyShardedDataParallel, ParallelDims,
-                              ShardingStrategy, TensorParallelGPT, ZeroEngine, Zero3Engine,
-                              parallelize, zero_engine)
+from minipar.parallel import (ParallelDims, ShardingStrategy, TensorParallelGPT, parallelize,
+                              zero_engine)
 
 S = ShardingStrategy
 
