@@ -126,6 +126,14 @@ class DataParallelEngine:
                 raise ValueError(
                     f"rank {ctx.rank} is not a member of process group {g}: build the engine "
                     "on every rank of its group, passing the group this rank belongs to")
+        if model_parallel is not None and set(group.ranks) & set(model_parallel.group.ranks) \
+                != {ctx.rank}:
+            raise ValueError(
+                f"rank {ctx.rank}: the data-parallel group {group} and the model-parallel "
+                f"group {model_parallel.group} share ranks "
+                f"{sorted(set(group.ranks) & set(model_parallel.group.ranks) - {ctx.rank})}: "
+                "ranks holding different shards of the model would average (and DDP would "
+                "overwrite) each other's weights. Take both groups from one ParallelGroups")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 (or None to not clip), "
                              f"got {max_grad_norm}")

@@ -7,8 +7,8 @@ import pytest
 
 import minipar as mp
 from minipar.nn import GPT
-from minipar.parallel import (ParallelDims, ShardingStrategy, TensorParallelGPT, parallelize,
-                              zero_engine)
+from minipar.parallel import (ParallelDims, ParallelGroups, ShardingStrategy, TensorParallelGPT,
+                              model_parallel_norm, parallelize, zero_engine)
 
 S = ShardingStrategy
 
@@ -130,3 +130,17 @@ def test_every_split_of_dp_with_tp_trains_like_one_device(dpkit, dims, kw):
             np.testing.assert_allclose(w, want, rtol=dpkit.RTOL,
                                        atol=dpkit.ATOL_SCALE * np.abs(want).max(),
                                        err_msg=f"rank {r} {name}")
+
+
+def test_an_engine_refuses_a_dp_group_that_overlaps_the_tp_group():
+    """dp over the whole world with tp over the whole world: every rank would average its
+    shards with the other shards (DDP's broadcast would overwrite them)."""
+    def program(ctx):
+        model = TensorParallelGPT(TINY, ctx.world)
+        zero_engine(model, stage=0, model_parallel=model_parallel_norm(
+            model, ParallelGroups(ParallelDims(tp=2))), lr=1e-2)
+    with pytest.raises(mp.RankFailedError) as e:
+        mp.launch(program, 2)
+    msg = str(e.value.original)
+    assert "share ranks [1]" in msg or "share ranks [0]" in msg
+    assert "Take both groups from one ParallelGroups" in msg
