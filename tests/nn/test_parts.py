@@ -84,20 +84,6 @@ def test_module_lists_each_parameter_once_in_parameter_order():
 
 
 # ---- the steps compose ----------------------------------------------------------------
-def by_steps(model, ids, tgt, rng, k):
-    """embed -> blocks 0..k -> blocks k..L -> head, then the backwards in reverse."""
-    L = len(model.blocks)
-    x, s_embed = model.embed_forward(ids, rng)
-    x, s_low = model.blocks_forward(x, rng, 0, k)
-    x, s_high = model.blocks_forward(x, rng, k, L)
-    loss, s_head = model.head_forward(x, tgt)
-    dx = model.head_backward(s_head, 1.0)
-    dx = model.blocks_backward(dx, s_high, k, L)
-    dx = model.blocks_backward(dx, s_low, 0, k)
-    model.embed_backward(dx, s_embed)
-    return loss
-
-
 def documented_order(num_layers):
     """root forward_pre first, blocks.i around each block, root backward_post last."""
     blocks = [block_unit(i) for i in range(num_layers)]
@@ -108,7 +94,7 @@ def documented_order(num_layers):
             + [("backward_post", ROOT)])
 
 
-def whole_and_by_steps(model, ids, tgt, seed, k):
+def whole_and_by_steps(by_steps, model, ids, tgt, seed, k):
     """(loss, grads, hooks) of loss_and_grad, then of the steps, on the same weights."""
     runs = []
     for steps in (False, True):
@@ -124,7 +110,7 @@ def whole_and_by_steps(model, ids, tgt, seed, k):
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 @pytest.mark.parametrize("k", [0, 1, 2, 4])
-def test_steps_compose_to_forward_and_backward(k, recompute):
+def test_steps_compose_to_forward_and_backward(gpt_steps, k, recompute):
     """Blocks 0..k then k..4 (k = 0, 4: one range empty) equal the whole forward, dropout
     on: the same loss, gradients and hooks, bit for bit; every activation given back."""
     with mp.device() as ctx:
@@ -133,7 +119,7 @@ def test_steps_compose_to_forward_and_backward(k, recompute):
         model = GPT(cfg)
         ids, tgt = batch(cfg, 5, 2, k)
         (loss, grads, seen), (s_loss, s_grads, s_seen) = whole_and_by_steps(
-            model, ids, tgt, 3, k)
+            gpt_steps, model, ids, tgt, 3, k)
         assert s_loss == loss
         assert list(s_grads) == list(grads) == gpt_order(4, cfg.tie_embeddings)
         for name, g in grads.items():

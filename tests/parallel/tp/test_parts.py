@@ -13,24 +13,11 @@ from minipar.parallel.tp.gpt import TensorParallelGPT
 CFG = dict(vocab_size=16, seq_len=8, hidden=16, num_heads=4, ffn_hidden=24)
 
 
-def by_steps(model, ids, tgt, rng, k):
-    """embed -> blocks 0..k -> blocks k..L -> head, then the backwards in reverse."""
-    L = len(model.blocks)
-    x, s_embed = model.embed_forward(ids, rng)  # x: [s, b, h] ([s/t, b, h] with SP)
-    x, s_low = model.blocks_forward(x, rng, 0, k)
-    x, s_high = model.blocks_forward(x, rng, k, L)
-    loss, s_head = model.head_forward(x, tgt)
-    dx = model.head_backward(s_head, 1.0)
-    dx = model.blocks_backward(dx, s_high, k, L)
-    dx = model.blocks_backward(dx, s_low, 0, k)
-    model.embed_backward(dx, s_embed)
-    return loss
-
-
 @pytest.mark.parametrize("tp, sp, k, tied, recompute", [
     (2, False, 1, False, "none"), (2, True, 1, True, "selective"), (4, True, 2, False, "full"),
     (4, False, 3, True, "none"), (2, True, 0, False, "none"), (1, False, 2, True, "full")])
-def test_tensor_parallel_steps_compose_to_forward_and_backward(tp, sp, k, tied, recompute):
+def test_tensor_parallel_steps_compose_to_forward_and_backward(gpt_steps, tp, sp, k, tied,
+                                                               recompute):
     """Blocks 0..k then k..3 equal the whole forward on every rank, dropout on."""
     layers = 3
     cfg = GPTConfig(**CFG, num_layers=layers, tie_embeddings=tied, dropout=0.2,
@@ -47,7 +34,7 @@ def test_tensor_parallel_steps_compose_to_forward_and_backward(tp, sp, k, tied, 
             for event in EVENTS:
                 model.hooks.register(event, lambda unit, e=event: seen.append((e, unit)))
             rng = np.random.default_rng(seed)  # a plain generator: the steps wrap it
-            loss = (by_steps(model, ids, tgt, rng, k) if steps
+            loss = (gpt_steps(model, ids, tgt, rng, k) if steps
                     else model.loss_and_grad(ids, tgt, rng))
             runs.append((loss, {p.name: p.grad.copy() for p in model.parameters()}, seen))
             model.zero_grad()
