@@ -28,6 +28,12 @@ the blocks (with tied embeddings the head's weight *is* the embedding's, so both
 one unit), opened by the embedding step and closed by the head step in forward, opened by
 the head's backward and closed by the embedding's backward.
 
+Dropout masks. A forward given no generator draws from `model.dropout_generator`, made
+once from cfg.seed and advanced by every draw: each step's masks are fresh, and two models
+built from one config draw the same sequence of masks, so the single-device reference and
+every parallel layout (TensorParallelGPT slices the same draws: parallel/tp/random.py)
+agree step after step. Pass a generator to choose the masks yourself.
+
 Parallel layouts. TensorParallelGPT (parallel/tp/gpt.py) is this skeleton with parallel
 parts: it overrides the `build_*` methods and the few steps-within-steps marked "a parallel
 layout overrides this" (the dropout generator, the residual stream's layout, the logits,
@@ -93,6 +99,9 @@ class GPT(Module):
     def __init__(self, cfg: GPTConfig, mlp_factory: Optional[Callable[[int], object]] = None):
         self.cfg = cfg
         self.mlp_factory = mlp_factory
+        # dropout's generator when a forward is given none: seeded once, advanced by every
+        # forward, so step n draws fresh masks and two models of one seed draw the same ones
+        self.dropout_generator = np.random.default_rng(cfg.seed)
         self.wte = self.build_wte()
         self.wpe = Embedding("wpe", cfg.seq_len, cfg.hidden, cfg.seed, cfg.np_dtype,
                              cfg.init_std)  # replicated under tensor parallelism
@@ -229,9 +238,11 @@ class GPT(Module):
 
     # ---- within the steps (a parallel layout overrides these) --------------------------
     def dropout_rng(self, rng: Optional[np.random.Generator]):
-        """The generator every dropout of a forward draws from (None: a new one from
-        cfg.seed — pass one generator to all the steps of a forward)."""
-        return rng if rng is not None else np.random.default_rng(self.cfg.seed)
+        """The generator every dropout of a forward draws from: `rng`, or when None the
+        model's own `dropout_generator` (seeded from cfg.seed at construction, advanced by
+        every draw, as torch's default generator is), so successive forwards draw fresh
+        masks: through `loss_and_grad`, `accumulate_gradients` and every engine alike."""
+        return rng if rng is not None else self.dropout_generator
 
     def residual_rng(self, rng):
         """The embedding dropout's generator: `rng` itself on one device."""
