@@ -18,6 +18,19 @@ Clipping each shard by its own norm (or summing per-shard norms) is the classic 
 rank then scales by a different coefficient, the ranks' parameters drift apart, and the
 model no longer matches the single-device one. (Replicated tensors, e.g. LayerNorm gains
 under tensor parallelism, must be counted once, not once per rank.)
+
+A non-finite norm (some gradient holds inf or nan) is treated exactly as
+`torch.nn.utils.clip_grad_norm_` treats it with its default `error_if_nonfinite=False`:
+the coefficient is computed all the same and every gradient is multiplied by it,
+
+    ‖g‖ = inf  ->  coef = max_norm / inf = 0     finite elements become 0, inf ones nan
+    ‖g‖ = nan  ->  coef = nan                    every element becomes nan
+
+so the step that follows writes nan into the weights, visibly, instead of quietly stepping
+with the unclipped gradients. `error_if_nonfinite=True` raises instead, naming the
+parameters. `MixedPrecisionOptimizer` (whose float16 loss scaler skips such steps before
+clipping) and the data-parallel engines use the same coefficient; `minipar train` stops the
+run at the first non-finite norm, before the optimizer steps.
 """
 
 from __future__ import annotations
@@ -48,10 +61,20 @@ def global_grad_norm(params: Iterable[Parameter]) -> float:
 
 
 def clip_coef(total_norm: float, max_norm: float) -> float:
-    """min(1, max_norm / (total_norm + 1e-6)): the factor every gradient is multiplied by."""
-    if max_norm <= 0:
-        raise ValueError(f"max_norm must be > 0, got {max_norm}")
-    return min(1.0, max_norm / (total_norm + CLIP_EPS))
+    """min(1, max_norm / (total_norm + 1e-6)): the factor every gradient is multiplied by;
+    0 for an infinite norm and nan for a nan norm, as torch's clamp gives them."""
+    if not max_norm > 0:  # also refuses nan, which would never clip
+        raise ValueError(f"max_norm must be > 0 (math.inf: never clip), got {max_norm}")
+    coef = max_norm / (total_norm + CLIP_EPS)  # nan for a nan norm, and for inf / inf
+    return coef if math.isnan(coef) else min(1.0, coef)  # min(1.0, nan) would say 1.0
+
+
+def scale_grad_(grad: np.ndarray, coef: float) -> None:
+    """grad *= coef in place, in grad's dtype (coef 1.0: untouched; inf * 0 gives nan
+    quietly, as torch's mul_ does)."""
+    if coef != 1.0:  # nan != 1.0 too: a nan coefficient is applied, as torch applies it
+        with np.errstate(invalid="ignore"):
+            grad *= grad.dtype.type(coef)
 
 
 def clip_grad_norm_(params: Iterable[Parameter], max_norm: float,
@@ -60,8 +83,8 @@ def clip_grad_norm_(params: Iterable[Parameter], max_norm: float,
     the norm *before* clipping (what training logs as `grad_norm`).
 
     A non-finite norm (an inf or nan gradient) raises if `error_if_nonfinite`; otherwise
-    the gradients are left untouched and the norm is returned, so the caller (or the loss
-    scaler, which skips such steps) can decide.
+    the gradients are multiplied by the coefficient all the same (0 for inf, nan for nan),
+    as torch.nn.utils.clip_grad_norm_ does (see the module docstring).
     """
     params = list(params)
     total = global_grad_norm(params)
@@ -73,10 +96,8 @@ def clip_grad_norm_(params: Iterable[Parameter], max_norm: float,
                 f"the global gradient norm is {total}: some gradient holds inf or nan "
                 f"({bad[:5]}). Lower the learning rate or the loss scale, or use loss "
                 "scaling with float16")
-        return total
     coef = clip_coef(total, max_norm)
-    if coef < 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad[...] = p.grad * p.grad.dtype.type(coef)
+    for p in params:
+        if p.grad is not None:
+            scale_grad_(p.grad, coef)
     return total

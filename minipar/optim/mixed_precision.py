@@ -58,7 +58,7 @@ import numpy as np
 
 from ..nn.parameter import Parameter
 from ..runtime.context import current
-from .clip import clip_coef, squared_grad_norm
+from .clip import clip_coef, scale_grad_, squared_grad_norm
 from .loss_scale import DynamicLossScaler
 from .optimizer import Optimizer
 
@@ -166,14 +166,13 @@ class MixedPrecisionOptimizer:
                         return False
                 if self.max_grad_norm is not None:  # the norm of the true (unscaled) grads
                     self.last_grad_norm = math.sqrt(sq_norm)
-                    if math.isfinite(self.last_grad_norm):  # else leave them, as clip_grad_norm_
-                        coef = clip_coef(self.last_grad_norm, self.max_grad_norm)
+                    # inf: 0, nan: nan, applied all the same, as clip_grad_norm_ (and torch)
+                    coef = clip_coef(self.last_grad_norm, self.max_grad_norm)
             # pass 2: float32 copy, unscale, clip, update the master, round back, free the copy
             for p in work:
                 is_half = p.name in self.masters
                 stepped = self._grad32(p, scale) if is_half else p
-                if coef < 1.0:
-                    stepped.grad[...] = stepped.grad * stepped.grad.dtype.type(coef)
+                scale_grad_(stepped.grad, coef)
                 self._update_one(stepped)
                 if is_half:
                     p.set_data(stepped.data.astype(self.dtype))  # p₁₆ ← round₁₆(master)

@@ -229,8 +229,8 @@ class DataParallelEngine:
             if mp is not None and mp.group.size > 1:
                 total = float(all_reduce(np.array([total]), "sum", group=mp.group)[0])
             self.last_grad_norm = math.sqrt(total)
-            if math.isfinite(self.last_grad_norm):  # inf/nan: leave them, as clip_grad_norm_
-                coef = clip_coef(self.last_grad_norm, self.max_grad_norm)
+            # inf: 0, nan: nan, applied all the same, as clip_grad_norm_ (and torch) do
+            coef = clip_coef(self.last_grad_norm, self.max_grad_norm)
         self.optimizer.step(grads, coef)
         self._after_step()
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from ...nn.parameter import Parameter
 from ...optim.adam import Adam
+from ...optim.clip import scale_grad_
 from ...optim.mixed_precision import HALF_DTYPES
 from ...runtime.context import current
 
@@ -155,7 +156,7 @@ class ShardedOptimizer:
             stepped = master if master is not None else piece.data
             for (name, lo, hi), w in zip(piece.segments, ws):
                 g = g_piece[lo:hi]
-                if master is not None or coef < 1.0 or g.dtype != stepped.dtype:
+                if master is not None or coef != 1.0 or g.dtype != stepped.dtype:
                     g = g.astype(stepped.dtype)  # float32 copy (float64 in float64)
                 # else: the reduced gradient itself; Adam only reads it (its first act is a
                 # copy, p.grad.astype), so the bits are the same and one copy is saved
@@ -163,8 +164,7 @@ class ShardedOptimizer:
                 if charge:
                     self._ledger.hold(f"optim:{name}.grad32", g, "gradients")
                 try:
-                    if coef < 1.0:
-                        g *= g.dtype.type(coef)
+                    scale_grad_(g, coef)  # a non-finite norm's 0 or nan too, as torch
                     w.grad = g
                     self.inner._update(w, self.inner.state[name])
                     stepped[lo:hi] = w.data  # Adam wrote a new array; keep the flat storage
