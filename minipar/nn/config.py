@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -24,6 +25,17 @@ def as_dtype(name) -> np.dtype:
             raise ValueError(f"unknown dtype {name!r}: expected one of {sorted(DTYPES)}")
         return DTYPES[name]
     return np.dtype(name)
+
+
+def _is_real(v) -> bool:
+    """A real number, not a bool (True is an int in Python, never a probability or a size)."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
+        v, (bool, np.bool_))
+
+
+def _check_int(name: str, v, minimum: int, what: str) -> None:
+    if not (_is_real(v) and isinstance(v, (int, np.integer)) and v >= minimum):
+        raise ValueError(f"GPTConfig.{name} must be {what}, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -52,29 +64,38 @@ class GPTConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "hidden", "num_heads", "num_layers"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {v!r}")
+            _check_int(name, getattr(self, name), 1, "a positive integer")
+        _check_int("seed", self.seed, 0, "an integer >= 0 (numpy seeds are non-negative)")
         if self.hidden % self.num_heads:
             raise ValueError(
                 f"GPTConfig: num_heads={self.num_heads} must divide hidden={self.hidden} "
                 f"(each head gets hidden/num_heads dimensions); try num_heads in "
                 f"{[d for d in range(1, self.hidden + 1) if self.hidden % d == 0][:8]}")
-        if self.ffn_hidden is not None and self.ffn_hidden < 1:
-            raise ValueError(f"GPTConfig.ffn_hidden must be positive, got {self.ffn_hidden}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout}")
+        if self.ffn_hidden is not None:
+            _check_int("ffn_hidden", self.ffn_hidden, 1, "a positive integer (None: 4 hidden)")
+        if not (_is_real(self.dropout) and 0.0 <= self.dropout < 1.0):
+            raise ValueError(f"GPTConfig.dropout must be in [0, 1) (the probability of zeroing "
+                             f"an element), got {self.dropout!r}")
+        if not isinstance(self.tie_embeddings, (bool, np.bool_)):
+            raise ValueError(f"GPTConfig.tie_embeddings must be True or False, got "
+                             f"{self.tie_embeddings!r}")
         if self.gelu not in ("tanh", "none"):
             raise ValueError(f"GPTConfig.gelu must be 'tanh' or 'none', got {self.gelu!r}")
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"GPTConfig.recompute must be one of {RECOMPUTE}, "
                              f"got {self.recompute!r}")
-        if not isinstance(self.recompute_every, (int, np.integer)) or self.recompute_every < 1:
-            raise ValueError(f"GPTConfig.recompute_every must be a positive integer (1: every "
-                             f"block recomputes, k: every k-th), got {self.recompute_every!r}")
-        as_dtype(self.dtype)
-        if self.init_std <= 0:
-            raise ValueError(f"GPTConfig.init_std must be positive, got {self.init_std}")
+        _check_int("recompute_every", self.recompute_every, 1,
+                   "a positive integer (1: every block recomputes, k: every k-th)")
+        if not (isinstance(self.dtype, (str, np.dtype, type))
+                and as_dtype(self.dtype) in DTYPES.values()):
+            raise ValueError(f"GPTConfig.dtype must be one of {sorted(DTYPES)} (parameters and "
+                             f"activations are floating point), got {self.dtype!r}")
+        for name, what in (("init_std", "the standard deviation of the initial weights"),
+                           ("layernorm_eps", "added to the variance before the root")):
+            v = getattr(self, name)
+            if not (_is_real(v) and math.isfinite(v) and v > 0):
+                raise ValueError(f"GPTConfig.{name} must be a finite number > 0 ({what}), "
+                                 f"got {v!r}")
 
     @property
     def ffn(self) -> int:
