@@ -24,6 +24,7 @@ from .programs import lessons, train_report
 from .programs.incidents import INCIDENTS, get
 from .programs.tour import run_tour
 from .programs.train import TrainConfig, generate, train
+from .programs.train_checks import TrainingDiverged, TrainingRefused
 
 
 def _tour(args: argparse.Namespace) -> int:
@@ -111,6 +112,11 @@ def _train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("\nminipar train: interrupted\n")
         return 130
+    except TrainingRefused as e:  # too large for the device or this machine: nothing ran
+        args.parser.error(str(e))
+    except TrainingDiverged as e:  # the step and the likely cause; exit status 1
+        sys.stderr.write(f"\nminipar train: {e}\n")
+        return 1
     print("\n".join(train_report.summary(cfg, r)))
     if args.sample:
         how = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}"

@@ -48,8 +48,11 @@ from ..nn.saved import release_all
 from ..optim import (AdamW, MixedPrecisionOptimizer, WarmupCosine, clip_grad_norm_,
                     no_decay_for)
 from ..plan import model_flops
+from ..plan.training_memory import TrainingMemory
 from ..runtime.context import device
 from ..runtime.ledger import CATEGORIES
+from .train_report import peak_label
+from .train_checks import check_can_learn, check_memory, diverged, host_available_bytes
 
 TRAIN_DTYPES = ("float32", "bfloat16", "float16", "float64")
 MIXED = ("bfloat16", "float16")
@@ -120,6 +123,7 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.dtype must be one of {TRAIN_DTYPES}, "
                              f"got {self.dtype!r}")
         self.model_config(vocab_size=1)  # the model's own checks (heads divide hidden, ...)
+        check_can_learn(self.hidden, self.steps, self.warmup_steps)
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The GPT this run trains, for a tokenizer with `vocab_size` symbols."""
@@ -160,12 +164,14 @@ class TrainResult:
     model_flops_per_step: float          # 72 B s l h^2 (1 + s/6h + V/12lh), Narayanan et al.
     clock_flops_per_step: float          # what the clock was charged (matmuls only)
     peak_flops: float                    # the device's peak FLOP/s for the dtype
+    peak_label: str                      # which peak that is: "494 TFLOP/s, the TF32 ..."
     ledger_peak: dict[str, int]          # peak bytes per category (non-zero ones) and total
     final_loss_scale: float              # float16's dynamic loss scale at the end (else 1.0)
     wall_time: float                     # seconds, set-up included
     device_name: str
     num_parameters: int
     params_summary: dict[str, Any]
+    memory_estimate: TrainingMemory      # what was checked before allocating (train_checks)
     model: GPT = field(repr=False)
     tokenizer: CharTokenizer = field(repr=False)
 
@@ -220,6 +226,9 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
     losses, lrs, norms, skipped, sim_times = [], [], [], [], []
 
     with device() as ctx:
+        # refuse before allocating what neither the device nor this machine can hold
+        memory = check_memory(cfg, mcfg, ctx.device.name, ctx.ledger.capacity,
+                              host_available_bytes())
         model = GPT(mcfg)
         params = model.parameters()
         adamw = dict(lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -232,8 +241,9 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
         sched = WarmupCosine(opt, max_lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                              total_steps=cfg.steps, min_lr=cfg.min_lr)
         rng = np.random.default_rng(cfg.seed)  # for dropout, were it on (it is off here)
-        # float16 gradients may overflow: expected, found and handled by the loss scaler
-        quiet = dict(over="ignore", invalid="ignore") if cfg.dtype == "float16" else {}
+        # float16 gradients may overflow: expected, found and handled by the loss scaler;
+        # any other overflow ends as an inf/nan loss or norm, which stops the run below
+        quiet = dict(over="ignore", invalid="ignore")
 
         for step in range(cfg.steps):
             t0 = ctx.clock.now
@@ -246,11 +256,19 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
                 # to S times the gradient of the global batch's loss
                 micro = [model.loss_and_grad(inp, tgt, rng, loss_scale=dloss)
                          for inp, tgt in split_microbatches(inputs, targets, k)]
+                stop = dict(step=step + 1, steps=cfg.steps, lr=lr, dtype=cfg.dtype,
+                            loss_scale=scale)
+                if not math.isfinite(float(np.mean(micro))):  # before any update
+                    raise diverged(what="loss", value=float(np.mean(micro)), **stop)
                 if mixed:  # unscale, skip on overflow, clip, step the float32 masters
                     taken = opt.step()
                     norm = opt.last_grad_norm if taken else math.nan
+                    if taken and not math.isfinite(norm):  # bfloat16: no scaler skips it
+                        raise diverged(what="gradient norm", value=norm, **stop)
                 else:
                     norm = clip_grad_norm_(params, cfg.clip)
+                    if not math.isfinite(norm):  # stop before the nan reaches the weights
+                        raise diverged(what="gradient norm", value=norm, **stop)
                     opt.step()
                     taken = True
             opt.zero_grad()
@@ -271,6 +289,7 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
         ledger_peak = {c: ctx.ledger.peak(c) for c in CATEGORIES if ctx.ledger.peak(c)}
         ledger_peak["total"] = ctx.ledger.peak()
         peak = ctx.device.peak(cfg.dtype)
+        label = peak_label(dict(ctx.device.peak_flops), cfg.dtype)
         final_scale = float(getattr(opt, "loss_scale", 1.0))
         device_name = ctx.device.name
 
@@ -279,11 +298,12 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
         sim_step_times=sim_times,
         model_flops_per_step=model_flops(cfg.global_batch, cfg.seq_len, cfg.num_layers,
                                          cfg.hidden, tok.vocab_size),
-        clock_flops_per_step=clock_flops / cfg.steps, peak_flops=peak,
+        clock_flops_per_step=clock_flops / cfg.steps, peak_flops=peak, peak_label=label,
         ledger_peak=ledger_peak, final_loss_scale=final_scale,
         wall_time=time.perf_counter() - wall0,
         device_name=device_name, num_parameters=model.num_parameters(),
-        params_summary=_params_summary(model), model=model, tokenizer=tok)
+        params_summary=_params_summary(model), memory_estimate=memory, model=model,
+        tokenizer=tok)
 
 
 # ---- sampling ---------------------------------------------------------------------------

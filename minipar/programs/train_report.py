@@ -9,6 +9,22 @@ import time
 from ..runtime.ledger import fmt_bytes
 
 
+PEAK_KINDS = {"float32": "TF32 tensor-core", "bfloat16": "dense BF16 tensor-core",
+              "float16": "dense FP16 tensor-core", "float64": "FP64 tensor-core"}
+
+
+def peak_label(peak_flops: dict, dtype: str) -> str:
+    """Which peak MFU divides by: '494 TFLOP/s, the TF32 tensor-core peak (...)'. A float32
+    matmul on an H100 counts at TF32's rate (10-bit mantissa inputs, as torch's
+    allow_tf32 gives); the plain FP32 rate, `fp32_simt`, is several times lower."""
+    peak = peak_flops[dtype]
+    label = f"{peak / 1e12:g} TFLOP/s, the {PEAK_KINDS.get(dtype, dtype)} peak"
+    if dtype == "float32" and "fp32_simt" in peak_flops:
+        label += (f" (float32 matmuls counted as TF32; plain FP32 is "
+                  f"{peak_flops['fp32_simt'] / 1e12:g} TFLOP/s)")
+    return label
+
+
 class Progress:
     """A one-line bar redrawn in place on a terminal; plain log lines every `every` steps
     otherwise (CI logs stay readable). Both on `stream` (stderr)."""
@@ -66,7 +82,7 @@ def summary(cfg, r) -> list[str]:
     lines += [
         f"  simulated time  {r.sim_step_time * 1e6:.3f} us a step on the device clock",
         f"  model FLOPs     {flops}",
-        f"  simulated MFU   {100 * r.mfu:.1f} % of {r.peak_flops / 1e12:g} TFLOP/s {cfg.dtype}: "
+        f"  simulated MFU   {100 * r.mfu:.1f} % of {r.peak_label}: "
         "on one device by construction (only matmuls are charged to the clock)",
         f"  memory peak     {memory}; total {fmt_bytes(r.ledger_peak['total'])}",
         f"  wall time       {r.wall_time:.1f} s "

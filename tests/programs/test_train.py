@@ -182,3 +182,99 @@ def test_bad_flags_exit_with_code_2(capsys, flags, message):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "usage: minipar" in err and message in err
+
+
+# ---- what train refuses, and what stops it -------------------------------------------------
+def test_the_memory_estimate_is_each_ledger_peak_to_the_byte(runs):
+    """The course's formulas (plan/training_memory.py) applied to the flags equal what the
+    ledger records per category; the peak total is at most their sum."""
+    for r in (runs["float64"][0], runs["bfloat16"][0]):
+        m = r.memory_estimate
+        for category in ("parameters", "gradients", "optimizer_states", "activations"):
+            assert getattr(m, category) == r.ledger_peak[category], category
+        assert r.ledger_peak["total"] <= m.total
+
+
+def test_too_large_for_the_device_is_refused_before_allocating():
+    import time
+    from minipar.programs.train_checks import TrainingRefused
+    t0 = time.perf_counter()
+    with pytest.raises(TrainingRefused) as e:
+        train(TrainConfig(hidden=16384, num_heads=128, num_layers=48, seq_len=2048))
+    assert time.perf_counter() - t0 < 5  # nothing of the 8 TiB was allocated
+    msg = str(e.value)
+    for words in ("needs about 8.26 TiB", "the simulated H100-SXM-80GB holds 74.51 GiB",
+                  "optimizer states  1.13 TiB", "attention scores a s^2 b are 3.00 TiB",
+                  "--micro-batches"):
+        assert words in msg, words
+
+
+def test_too_large_for_this_machine_is_refused_with_its_figure():
+    from minipar.programs.train_checks import TrainingRefused, check_memory
+    cfg = TrainConfig(**TINY)
+    mcfg = cfg.model_config(50)
+    m = check_memory(cfg, mcfg, "H100", 80 * 10**9, 10**9)  # fits both
+    with pytest.raises(TrainingRefused, match=r"this machine has 1\.00 KiB available"):
+        check_memory(cfg, mcfg, "H100", 80 * 10**9, 1024)
+    with pytest.raises(TrainingRefused, match="the simulated H100 holds 1.00 KiB"):
+        check_memory(cfg, mcfg, "H100", 1024, None)
+    assert m.total > 1024
+
+
+@pytest.mark.parametrize("dtype, step, cause", [
+    ("float32", 7, "the learning rate 9.25e+03 is likely too high"),
+    ("bfloat16", 7, "the learning rate 9.25e+03 is likely too high"),
+    ("float16", 3, "float16 overflowed in the forward"),
+])
+def test_a_diverging_loss_stops_the_run_with_the_step_and_the_cause(dtype, step, cause):
+    from minipar.programs.train_checks import TrainingDiverged
+    with pytest.raises(TrainingDiverged) as e:
+        train(TrainConfig(**{**TINY, "lr": 1e4, "min_lr": 0.0}, dtype=dtype))
+    assert e.value.step == step and math.isnan(e.value.value)
+    assert f"the loss became nan at step {step} of 20" in str(e.value)
+    assert cause in str(e.value)
+
+
+def test_an_infinite_gradient_norm_stops_before_the_optimizer_steps(monkeypatch):
+    from minipar.programs.train_checks import TrainingDiverged
+    real = train_mod.clip_grad_norm_
+    calls = []
+
+    def poisoned(params, max_norm):
+        calls.append(1)
+        if len(calls) == 2:
+            params[0].grad.flat[0] = np.inf
+        return real(params, max_norm)
+
+    monkeypatch.setattr(train_mod, "clip_grad_norm_", poisoned)
+    with pytest.raises(TrainingDiverged, match="gradient norm became inf at step 2 of 20"):
+        train(TrainConfig(**TINY))
+
+
+def test_the_train_command_exits_1_on_divergence_and_2_when_too_large(capsys):
+    assert main(["train", *TINY_FLAGS, "--lr", "10000", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "minipar train: training diverged: the loss became nan at step" in err
+    assert "Traceback" not in err and "RuntimeWarning" not in err
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--hidden", "16384", "--heads", "128", "--layers", "48"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "this run needs about" in err and "Traceback" not in err
+
+
+def test_configurations_that_cannot_learn_are_refused():
+    with pytest.raises(ValueError, match="hidden = 1 cannot learn: LayerNorm"):
+        TrainConfig(**{**TINY, "hidden": 1, "num_heads": 1})
+    with pytest.raises(ValueError, match="the only step uses it"):
+        TrainConfig(**{**TINY, "steps": 1, "warmup_steps": 1})
+
+
+def test_the_summary_names_the_peak_it_divides_by(runs):
+    assert runs["float64"][0].peak_label == "67 TFLOP/s, the FP64 tensor-core peak"
+    assert runs["bfloat16"][0].peak_label == "989 TFLOP/s, the dense BF16 tensor-core peak"
+    r = train(TrainConfig(**{**TINY, "steps": 3}))
+    assert r.peak_label.startswith("494 TFLOP/s, the TF32 tensor-core peak")
+    assert "plain FP32 is 67 TFLOP/s" in r.peak_label
+    from minipar.programs.train_report import summary
+    assert "of 494 TFLOP/s, the TF32" in "\n".join(summary(r.config, r))

@@ -1,0 +1,122 @@
+"""What `minipar train` refuses before it allocates, and what stops it: M ≤ capacity, a finite loss.
+
+Before anything is allocated, the run's memory is estimated with the course's formulas
+(plan/training_memory.py: parameters, gradients, optimizer states, activations with the
+attention scores) and compared with the simulated device's capacity and with this
+machine's available memory (MemAvailable of /proc/meminfo, else os.sysconf): every
+simulated byte is a real NumPy byte here, so a run that does not fit either is refused with
+the figures and what to change, instead of dying in an out-of-memory error (simulated or
+real) after minutes of allocation.
+
+A configuration that cannot learn is refused too: hidden = 1, where every LayerNorm maps
+its one feature to (x - mean) / std = 0, so the model's output is a constant; one step
+whose warmup keeps the learning rate at 0.
+
+While it runs, a loss or gradient norm that is inf or nan stops the run at that step
+(`TrainingDiverged`), with the likely cause, before the optimizer writes nan into the
+weights. float16's skipped overflow steps are not divergence: the loss scaler handles them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+from ..plan.training_memory import TrainingMemory, training_memory
+from ..runtime.ledger import fmt_bytes
+
+
+class TrainingRefused(ValueError):
+    """A configuration that cannot run on this device or machine, or cannot learn."""
+
+
+class TrainingDiverged(FloatingPointError):
+    """The loss or the gradient norm became inf or nan at `step` (counted from 1)."""
+
+    def __init__(self, message: str, step: int, value: float):
+        super().__init__(message)
+        self.step, self.value = step, value
+
+
+def check_can_learn(hidden: int, steps: int, warmup_steps: int) -> None:
+    """Refuse a run that cannot learn anything, with the reason."""
+    if hidden == 1:
+        raise TrainingRefused(
+            "hidden = 1 cannot learn: LayerNorm normalises each token over its hidden "
+            "features, and with one feature (x - mean) / std is 0 for every token, so every "
+            "LayerNorm's output, and the model's prediction, is a constant; use hidden >= 2")
+    if steps == 1 and warmup_steps == 1:
+        raise TrainingRefused(
+            "steps = 1 with warmup_steps = 1 cannot learn: the warmup starts at lr 0 and the "
+            "only step uses it; use warmup_steps = 0 or more steps")
+
+
+def host_available_bytes() -> Optional[int]:
+    """This machine's available memory: /proc/meminfo's MemAvailable, else the free
+    physical pages (os.sysconf); None where neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def estimate(cfg, mcfg) -> TrainingMemory:
+    """The memory of training `mcfg` (a GPTConfig) the way TrainConfig `cfg` says."""
+    h, V, s = mcfg.hidden, mcfg.vocab_size, mcfg.seq_len
+    largest = max(V * h, s * h, 3 * h * h, h * mcfg.ffn)  # wte/lm_head, wpe, qkv, fc1/fc2
+    return training_memory(mcfg.num_parameters(), largest,
+                           cfg.global_batch // cfg.num_microbatches, s, mcfg.num_layers, h,
+                           mcfg.num_heads, V, cfg.dtype)
+
+
+def check_memory(cfg, mcfg, device_name: str, capacity: Optional[int],
+                 available: Optional[int]) -> TrainingMemory:
+    """The estimate, or TrainingRefused with its figures if it exceeds the device's
+    `capacity` or this machine's `available` bytes (None: not checked)."""
+    m = estimate(cfg, mcfg)
+    over = []
+    if capacity is not None and m.total > capacity:
+        over.append(f"the simulated {device_name} holds {fmt_bytes(capacity)}")
+    if available is not None and m.total > available:
+        over.append(f"this machine has {fmt_bytes(available)} available (every simulated "
+                    "byte is a real NumPy byte here)")
+    if over:
+        b = cfg.global_batch // cfg.num_microbatches
+        raise TrainingRefused(
+            f"this run needs about {fmt_bytes(m.total)} but {' and '.join(over)}:\n"
+            f"  parameters        {fmt_bytes(m.parameters)}  ({mcfg.num_parameters():,} "
+            f"parameters in {cfg.dtype})\n"
+            f"  gradients         {fmt_bytes(m.gradients)}\n"
+            f"  optimizer states  {fmt_bytes(m.optimizer_states)}  (AdamW"
+            f"{': float32 master, m, v' if cfg.dtype in ('bfloat16', 'float16') else ': m, v'})\n"
+            f"  activations       {fmt_bytes(m.activations)}  ({mcfg.num_layers} layers of a "
+            f"micro-batch of {b} x {mcfg.seq_len} tokens; the attention scores a s^2 b are "
+            f"{fmt_bytes(m.attention_scores)} of it)\n"
+            "Lower --hidden or --layers (model states grow with hidden^2 x layers), --seq-len "
+            "(the scores grow with its square), or split --batch into more --micro-batches "
+            "(activations are one micro-batch's)")
+    return m
+
+
+def diverged(step: int, steps: int, what: str, value: float, lr: float, dtype: str,
+             loss_scale: float) -> TrainingDiverged:
+    """The error that stops a run whose `what` ("loss", "gradient norm") became `value`."""
+    if dtype == "float16":
+        cause = (f"float16 overflowed in the forward (its range ends at 65504; the loss scale "
+                 f"{loss_scale:g} protects only the gradients): lower --lr, or train in "
+                 "bfloat16, which has float32's range")
+    else:
+        cause = (f"the learning rate {lr:.3g} is likely too high: the updates grew the "
+                 f"weights until the {'logits' if what == 'loss' else 'gradients'} "
+                 "overflowed; lower --lr (a tenth, say) or lengthen the warmup")
+    kind = "inf" if math.isinf(value) else "nan"
+    return TrainingDiverged(f"training diverged: the {what} became {kind} at step {step} of "
+                            f"{steps}. Likely cause: {cause}", step, value)
