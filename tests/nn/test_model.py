@@ -221,3 +221,43 @@ def test_hooks_fire_around_every_unit_in_order():
             ("backward_pre", "blocks.0"), ("backward_post", "blocks.0"),
             ("backward_post", "root"),
         ]
+
+
+# ---- dropout across steps ------------------------------------------------------------------
+def test_dropout_draws_fresh_masks_every_step_and_the_same_sequence_per_seed():
+    """forward without a generator draws from the model's own, seeded once from cfg.seed:
+    step 2's masks differ from step 1's (before, a fresh default_rng(seed) each call
+    repeated them), and a second model of the same config draws the same sequence."""
+    from minipar.optim import AdamW
+    from minipar.parallel import DistributedDataParallel, accumulate_gradients
+    cfg = GPTConfig(vocab_size=11, seq_len=6, hidden=8, num_heads=2, num_layers=1,
+                    dropout=0.5)
+    ids, tgt = batch(cfg, 6, 2)
+
+    def masks(rng=None):
+        with mp.device():
+            model = GPT(cfg)
+            out = []
+            for _ in range(2):
+                _, cache = model.forward(ids, tgt, rng)
+                out.append(cache.embed.dropout.mask.copy())
+                release_all(cache)
+            return out
+
+    first, again = masks(), masks()
+    assert not np.array_equal(first[0], first[1])
+    for x, y in zip(first, again):
+        np.testing.assert_array_equal(x, y)
+    # the draws are default_rng(seed)'s: one explicit generator gives the same masks
+    for x, y in zip(first, masks(np.random.default_rng(cfg.seed))):
+        np.testing.assert_array_equal(x, y)
+
+    def program(ctx):  # through accumulate_gradients and an engine: losses differ by step
+        model = GPT(cfg)
+        engine = DistributedDataParallel(model, AdamW, lr=0.0)
+        losses = [accumulate_gradients(model, engine, [(ids, tgt)]) for _ in range(2)]
+        engine.zero_grad()
+        return losses
+
+    l1, l2 = mp.launch(program, 1)[0]
+    assert l1 != l2  # lr 0: only the masks changed
