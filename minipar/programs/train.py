@@ -26,6 +26,11 @@
   there is something else on the clock (communication, pipeline bubbles, recomputation),
   which is what the parallel layouts add.
 
+- Checks (train_checks.py): before allocating, the run's memory by the course's formulas
+  against the device's capacity and this machine's available memory (`TrainingRefused`
+  with the figures); hidden = 1 refused (its LayerNorms output constants); an inf/nan loss
+  or gradient norm stops the run at that step with the likely cause (`TrainingDiverged`).
+
 `train(TrainConfig(...))` is deterministic in the seed: the data of step n depends only on
 (seed, n), the weights on (seed, parameter name).
 """

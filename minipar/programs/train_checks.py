@@ -1,4 +1,4 @@
-"""What `minipar train` refuses before it allocates, and what stops it: M ≤ capacity, a finite loss.
+"""What `minipar train` refuses before allocating, and what stops it: M ≤ capacity, finite loss.
 
 Before anything is allocated, the run's memory is estimated with the course's formulas
 (plan/training_memory.py: parameters, gradients, optimizer states, activations with the

@@ -21,6 +21,7 @@ from hypothesis import given, settings, strategies as st
 import minipar as mp
 from minipar.files import CheckpointError, load_arrays, save_arrays
 from minipar.nn import GPT
+from minipar.nn.saved import release_all
 from minipar.parallel import (ParallelDims, ParallelGroups, ShardingStrategy, TensorParallelGPT,
                               parallelize, zero_engine)
 from minipar.parallel import checkpoint as ck
@@ -76,12 +77,16 @@ def build(kit, cfg, layout, sp=False, max_grad_norm=CLIP):
 
 
 def session(kit, cfg, layout, batches, *, sp=False, load_from=None, resave_to=None,
-            save_to=None, form="sharded"):
+            save_to=None, form="sharded", dropout_state=None):
     """On every rank of `layout`: load (then save again right away, if asked), train
-    `batches`, save. Returns (global losses per step, the gathered state at the end)."""
+    `batches`, save. Returns (global losses per step, the gathered state at the end).
+    `dropout_state`: the dropout generator's state to resume from (as a training script
+    saves torch.get_rng_state() beside its checkpoint)."""
 
     def program(ctx):
         obj, step, state = build(kit, cfg, layout, sp)
+        if dropout_state is not None:
+            obj.model.dropout_generator.bit_generator.state = dropout_state
         if load_from is not None:
             ck.load(obj, load_from)
         if resave_to is not None:
@@ -95,6 +100,17 @@ def session(kit, cfg, layout, batches, *, sp=False, load_from=None, resave_to=No
     res = mp.launch(program, layout_world(layout))
     losses = np.mean([r[0] for r in res if r[2] == 0], axis=0)  # one rank per dp block
     return losses, res[0][1]
+
+
+def dropout_state_after(cfg, batches):
+    """The dropout generator's state after training on `batches`: each forward advances it
+    by the same full-batch draws on every layout (parallel/tp/random.py)."""
+    with mp.device():
+        model = GPT(cfg)
+        for ids, tgt in batches:
+            _, cache = model.forward(ids, tgt)
+            release_all(cache)
+        return model.dropout_generator.bit_generator.state
 
 
 def assert_continues(kit, state, want):
@@ -171,10 +187,12 @@ def test_a_dp2_tp2_zero1_checkpoint_continues_on_every_layout(dpkit, tmp_path):
                                       ((ParallelDims(dp_shard=4), 2), False),
                                       ((None, None), False)]):
         again = tmp_path / f"again{i}"
-        # the same seed: it also draws the dropout masks. What was loaded is the file's
-        # state, not the initialisation: saved again right away, it reads back identical
+        # the dropout generator as the first 2 steps left it (every step draws fresh masks;
+        # the checkpoint holds no generator state). What was loaded is the file's state,
+        # not the initialisation: saved again right away, it reads back identical
         losses, state = session(dpkit, cfg, layout, batches[2:], sp=sp,
-                                load_from=tmp_path / "ckpt", resave_to=again)
+                                load_from=tmp_path / "ckpt", resave_to=again,
+                                dropout_state=dropout_state_after(cfg, batches[:2]))
         dpkit.assert_state_equal(ck.read_full_state(again), saved)
         dpkit.assert_close(losses, straight[2:], what=f"losses resumed on {layout}")
         assert_continues(dpkit, state, end)
