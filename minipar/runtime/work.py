@@ -9,8 +9,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .checks import block
 from .context import Context
-from .errors import CollectiveUsageError
 
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -70,6 +70,4 @@ def call_site() -> str:
 
 def as_array(x: Any, ctx: Context, kind: str) -> np.ndarray:
     """x as an ndarray, or a CollectiveUsageError naming the rank and the call."""
-    if x is None:
-        raise CollectiveUsageError(f"rank {ctx.rank}: {kind} needs an array, got None")
-    return np.asarray(x)
+    return block(x, ctx.rank, kind)  # not None, ragged or objects: see runtime/checks.py
