@@ -91,7 +91,7 @@ def is_numeric(dtype: np.dtype) -> bool:
 def reducible(x: np.ndarray, rank: int, kind: str, group) -> None:
     """Refuse a reduction of strings, bytes, dates or records: sum, max... are not defined
     for them (and some would silently return the input)."""
-    if not is_numeric(x.dtype):
+    if x.dtype.kind not in "biufc" and not is_numeric(x.dtype):
         raise CollectiveUsageError(
             f"rank {rank}: {kind} on group {group} got an array of dtype {x.dtype}, which "
             "cannot be reduced: reductions (sum, avg, prod, max, min) need numbers (bool, "

@@ -34,11 +34,14 @@ class ProcessGroup:
     world_size: Optional[int] = field(default=None, repr=False, compare=False)
     size: int = field(init=False, repr=False, compare=False)
     key: tuple = field(init=False, repr=False, compare=False)
+    span: tuple = field(init=False, repr=False, compare=False)  # (lowest, highest) rank
 
     def __post_init__(self):
         # computed once: every collective looks these up
         object.__setattr__(self, "size", len(self.ranks))
         object.__setattr__(self, "key", (self.name, self.ranks))
+        object.__setattr__(self, "span", (min(self.ranks, default=0),
+                                          max(self.ranks, default=0)))
 
     def group_rank(self, global_rank: int) -> int:
         """Position of `global_rank` in the group (torch's get_group_rank)."""
@@ -57,6 +60,8 @@ class ProcessGroup:
 
     def check_world(self, world_size: int, rank: int, kind: str) -> None:
         """Refuse a group with ranks this world does not have (made for another world)."""
+        if self.span[0] >= 0 and self.span[1] < world_size:
+            return
         missing = [r for r in self.ranks if not 0 <= r < world_size]
         if missing:
             made = ("" if self.world_size is None else
