@@ -6,6 +6,8 @@ Loading a checkpoint never runs code.
 
     arrays.py   one checkpoint: save_arrays(path, arrays, meta) -> path.npz + path.json;
                 load_arrays(path) -> (arrays, meta); ml_dtypes stored as their bits
+    npz.py      an .npz opened without trusting it: every declared size checked against
+                the file's bytes before anything is allocated; damage named by member
     sharded.py  a sharded checkpoint: one file pair per rank and an index.json;
                 save_sharded, load_sharded, consolidate
     atomic.py   paths, atomic writes (temporary file + os.replace), the JSON documents
