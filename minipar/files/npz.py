@@ -33,10 +33,12 @@ from .errors import CheckpointError, PickledCheckpointError
 #: member of C bytes unzips to at most this many times C
 DEFLATE_MAX_RATIO = 1032
 _LOCAL_HEADER = 30  # bytes of a zip local file header before its name and extra field
-#: what zipfile, zlib and NumPy's header parser raise on damaged bytes
-_DAMAGE = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError,
-           ValueError, TypeError, KeyError, SyntaxError, RecursionError, OverflowError,
-           NotImplementedError, RuntimeError)
+#: what zipfile and zlib raise on damaged bytes (a CRC-32 mismatch, a member ending early)
+_ZIP_DAMAGE = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError,
+               NotImplementedError, RuntimeError)
+#: ... and NumPy's header parser on a damaged header
+_DAMAGE = _ZIP_DAMAGE + (ValueError, TypeError, KeyError, SyntaxError, RecursionError,
+                         OverflowError)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ def npy_header(fp: IO[bytes], file: Path, member: str) -> tuple[tuple, bool, np.
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp)
         else:
             raise ValueError(f".npy format version {version} (minipar reads 1.0 and 2.0)")
+    except _ZIP_DAMAGE:
+        raise  # the zip's damage, not the header's: the caller names it
     except _DAMAGE as e:
         raise CheckpointError(f"{file}: member {member!r} is not a readable .npy array: {e}"
                               ) from None
@@ -138,11 +142,8 @@ def members(zf: zipfile.ZipFile, npz: Path) -> dict[str, Member]:
             with zf.open(info) as fp:
                 shape, _, dtype = npy_header(fp, npz, info.filename)
                 header = fp.tell()
-        except CheckpointError:
-            raise
-        except _DAMAGE as e:
-            raise CheckpointError(f"{npz}: member {info.filename!r} cannot be read ({e}); "
-                                  "the archive is damaged") from None
+        except _ZIP_DAMAGE as e:
+            raise _damaged(npz, info.filename, e) from None
         if dtype.hasobject:
             raise pickle_refusal(npz, f"member {info.filename!r} has dtype {dtype}")
         if any(d < 0 for d in shape):
@@ -167,6 +168,10 @@ def read_member(zf: zipfile.ZipFile, m: Member, npz: Path) -> np.ndarray:
             if fp.read(1):  # reading to the end is what checks the CRC
                 raise ValueError("data beyond the declared array")
     except _DAMAGE as e:
-        raise CheckpointError(f"{npz}: array {m.name.removesuffix('.npy')!r} (member "
-                              f"{m.name!r}) is damaged: {e}") from None
+        raise _damaged(npz, m.name, e) from None
     return a
+
+
+def _damaged(npz: Path, member: str, e: BaseException) -> CheckpointError:
+    return CheckpointError(f"{npz}: array {member.removesuffix('.npy')!r} (member {member!r}) "
+                           f"is damaged: {e}; restore the checkpoint from its save")
