@@ -10,7 +10,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import minipar as mp
@@ -454,8 +454,10 @@ def _damage(base: Path, how: str) -> None:
     if how == "crc":       # one data byte flipped: the header is intact, the CRC-32 is not
         raw[raw.index(b"\x93NUMPY") + 128 + 3] ^= 0xFF
         npz.write_bytes(bytes(raw))
-    elif how == "truncated":
+    elif how == "truncated":  # the middle lost, the zip's directory intact
         npz.write_bytes(bytes(raw[:len(raw) // 2]) + bytes(raw[-120:]))
+    elif how == "cut":        # the end lost, the zip's directory with it
+        npz.write_bytes(bytes(raw[:len(raw) // 2]))
     else:
         member = {"not-npy": b"hello, not an array",
                   "short": _npy_bytes([2, 3], data=b"\0" * 40),   # 40 of 48 bytes
@@ -468,7 +470,8 @@ def _damage(base: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how, match", [
     ("crc", r"w.npz: array 'w' \(member 'w.npy'\) is damaged: Bad CRC-32"),
-    ("truncated", r"w.npz"),
+    ("truncated", r"w.npz: array 'w' \(member 'w.npy'\) is damaged"),
+    ("cut", r"w.npz is not an .npz \(zip\) archive"),
     ("not-npy", r"w.npz: member 'w.npy' is not a readable .npy array"),
     ("short", r"w.npz: member 'w.npy' declares float64 of shape \[2, 3\], 48 bytes of data, "
               r"but holds 40"),
@@ -593,3 +596,72 @@ def test_a_damaged_sharded_index_is_refused_naming_the_field(tmp_path, edit, mat
     _edit_json(tmp_path / "index.json", edit)
     with pytest.raises(CheckpointError, match=match.replace("[", r"\[").replace("]", r"\]")):
         consolidate(tmp_path)
+
+
+# ---- fuzz: whatever the bytes, a CheckpointError naming the file, and no large allocation ---
+def _fuzz_pair(d: Path, compress: bool) -> Path:
+    save_arrays(d / "f", {"w": np.arange(12.0).reshape(3, 4), "b": np.ones(3, bf16),
+                          "step": np.array(4)}, {"step": 4}, compress=compress)
+    return d / "f"
+
+
+_MUTATION = st.tuples(st.sampled_from(["npz", "json"]), st.booleans(),
+                      st.lists(st.tuples(st.floats(0, 1, exclude_max=True),
+                                         st.integers(0, 255)), min_size=1, max_size=6),
+                      st.none() | st.floats(0, 1))
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=150, deadline=None)
+@given(compress=st.booleans(), mutation=_MUTATION)
+def test_fuzz_mutated_bytes_give_a_checkpoint_error_naming_the_file(compress, mutation):
+    """Bytes of a valid pair overwritten (and the file perhaps cut short); with `resign` the
+    .json records the damaged .npz's sha256, so the checks past it are what must refuse.
+    Every outcome: the arrays saved, or a CheckpointError naming the file; under 16 MiB."""
+    import tracemalloc
+    which, resign, writes, cut = mutation
+    with tempfile.TemporaryDirectory() as d:
+        base = _fuzz_pair(Path(d), compress)
+        target = base.with_suffix("." + which)
+        raw = bytearray(target.read_bytes())
+        for at, byte in writes:
+            raw[int(at * len(raw))] = byte
+        if cut is not None:
+            raw = raw[:int(cut * len(raw))]
+        target.write_bytes(bytes(raw))
+        if resign and which == "npz":
+            try:
+                _resign(base)
+            except ValueError:
+                pass  # the .json is intact; a json.loads failure cannot happen here
+        tracemalloc.start()
+        try:
+            got = load_arrays(base)
+        except CheckpointError as e:
+            assert "f.npz" in str(e) or "f.json" in str(e), str(e)
+        else:
+            assert same(got[0]["w"], np.arange(12.0).reshape(3, 4))
+        finally:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+    assert peak < 16 << 20, peak
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=100, deadline=None)
+@given(writes=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(32, 126)),
+                       min_size=1, max_size=4))
+def test_fuzz_a_mutated_sharded_index_gives_a_checkpoint_error(writes):
+    with tempfile.TemporaryDirectory() as d:
+        _save_three(d)
+        index = Path(d) / "index.json"
+        raw = bytearray(index.read_bytes())
+        for at, byte in writes:
+            raw[int(at * len(raw))] = byte
+        index.write_bytes(bytes(raw))
+        try:
+            full = consolidate(d)
+        except CheckpointError as e:
+            assert "index.json" in str(e) or "rank0000" in str(e), str(e)
+        else:
+            assert full["x"].shape == (5,)
