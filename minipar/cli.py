@@ -58,10 +58,14 @@ def _lessons(args: argparse.Namespace) -> int:
         args.parser.error("--check and --force apply to `minipar lessons build` only")
     if args.check and args.force:
         args.parser.error("--check only compares and --force overwrites: give one of them")
+    if _missing_lesson("lessons", args.numbers):
+        return 2
     return lessons.run(action, args.numbers, check=args.check, force=args.force)
 
 
 def _grade(args: argparse.Namespace) -> int:
+    if _missing_lesson("grade", [args.lesson]):
+        return 2
     report = grade(args.lesson, args.impl)
     return 0 if report.passed else 1
 
@@ -119,14 +123,22 @@ def _output_path(text: str) -> str:
 
 
 def _lesson_number(text: str) -> str:
-    """An argparse `type=` for a lesson number ("1", "01", "01_collectives") that exists."""
+    """An argparse `type=` for a lesson number: "1", "01" or "01_collectives" (whether the
+    course has it is looked up when the command runs, by `_missing_lesson`)."""
     if not re.fullmatch(r"\d{1,2}(_\w+)?", text):
         raise argparse.ArgumentTypeError(f"expected a lesson number such as 01, got {text!r}")
-    try:
-        find_lesson(text)
-    except (KeyError, FileNotFoundError) as e:
-        raise argparse.ArgumentTypeError(e.args[0] if e.args else str(e)) from None
     return text
+
+
+def _missing_lesson(command: str, numbers: Sequence[str]) -> bool:
+    """True, after saying so on stderr, when a lesson in `numbers` is not in the course."""
+    for n in numbers:
+        try:
+            find_lesson(n)
+        except KeyError as e:
+            print(f"minipar {command}: {e.args[0]}", file=sys.stderr)
+            return True
+    return False
 
 
 def _implementation(text: str) -> str:
@@ -306,9 +318,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.func(args)
     except BrokenPipeError:  # e.g. `minipar tour | head`
         return 0
-    except (KeyError, FileNotFoundError) as e:  # no such lesson, no lessons directory, ...
+    except FileNotFoundError as e:  # no lessons directory (lesson numbers are parse-time)
         if args.command not in ("lessons", "grade"):
-            raise
+            raise  # anything else unexpected is a bug: its traceback stays
         print(f"minipar {args.command}: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
 
