@@ -20,6 +20,34 @@ from minipar.parallel.mesh import ParallelDims, ParallelGroups
 # ---- the command line --------------------------------------------------------------------
 CLI_CASES: list[tuple[list[str], list[str]]] = [
     # (argv after `minipar`, words the message must contain)
+    # tour: a size the collectives cannot take, a timeline that cannot be drawn, a trace
+    # that cannot be written -- before, a traceback after minutes of work, a MemoryError, a
+    # hang, or nothing written without a word
+    (["tour", "--megabytes", "nan"], ["--megabytes", "positive number of MiB", "nan"]),
+    (["tour", "--megabytes", "inf"], ["--megabytes", "positive number of MiB", "inf"]),
+    (["tour", "--megabytes", "-1"], ["--megabytes", "positive number of MiB"]),
+    (["tour", "--megabytes", "1e12"], ["--megabytes", "at most 64 MiB", "80 copies"]),
+    (["tour", "--width", "0"], ["--width", "positive number of columns", "0"]),
+    (["tour", "--width", "-3"], ["--width", "positive number of columns"]),
+    (["tour", "--width", "100000000"], ["--width", "at most 1,000 columns"]),
+    (["tour", "--trace", ""], ["--trace", "empty"]),
+    (["tour", "--trace", "/nonexistent-minipar-dir/t.json"], ["--trace", "no directory"]),
+    (["tour", "--trace", "."], ["--trace", "is a directory", "trace.json"]),
+    # grade and lessons: '' was lesson 00, a file that is not Python a traceback, the
+    # wrong count of lessons exit status 1, flags that do nothing silently ignored
+    (["grade", ""], ["NN", "lesson number such as 01"]),
+    (["grade", "00", "--impl", "README.md"], ["--impl", "exercise, solution", ".py"]),
+    (["grade", "00", "--impl", ""], ["--impl", "exercise, solution", ".py"]),
+    (["lessons", "open", ""], ["NN", "lesson number such as 01"]),
+    (["lessons", "open"], ["open takes one lesson number", "got 0"]),
+    (["lessons", "open", "01", "02"], ["open takes one lesson number", "got 2"]),
+    (["lessons", "list", "01"], ["list takes no lesson number", "lessons open NN"]),
+    (["lessons", "--check"], ["--check and --force", "build"]),
+    (["lessons", "--force"], ["--check and --force", "build"]),
+    (["lessons", "build", "--check", "--force"], ["--check only compares", "--force"]),
+    # train: runs that cannot end (10^20 steps ran for ever; so did 10^12 characters)
+    (["train", "--steps", "99999999999999999999"], ["--steps", "at most 1,000,000"]),
+    (["train", "--sample", "1000000000000"], ["--sample", "at most 100,000"]),
 ]
 
 
