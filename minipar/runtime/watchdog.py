@@ -38,8 +38,10 @@ def watch(world, threads: list[threading.Thread], timeout: float) -> tuple[bool,
     while not fired and any(t.is_alive() for t in threads):
         next(t for t in threads if t.is_alive()).join(poll)
         with world.cond:
+            if world.error is not None:
+                break
             idle = time.monotonic() - world.progress
-            if world.error is None and world.waiting and idle >= timeout:
+            if world.waiting and idle >= timeout:
                 world.error = CollectiveTimeoutError(_report(world, threads, timeout, idle))
                 world._changed()
                 fired = True
