@@ -99,8 +99,10 @@ def check_timeout(timeout: Any, what: str) -> float:
     """A timeout in seconds (a number or a datetime.timedelta) as a positive finite float."""
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
-    ok = isinstance(timeout, (int, float, np.integer, np.floating)) and not isinstance(timeout, bool)
+    ok = (isinstance(timeout, (int, float, np.integer, np.floating))
+          and not isinstance(timeout, bool))
     if not ok or not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"{what} got {timeout!r}: a timeout is a positive, finite number of "
-                         "seconds (or a datetime.timedelta); pass None for no timeout")
+        raise CollectiveUsageError(
+            f"{what} got {timeout!r}: a timeout is a positive, finite number of seconds (or "
+            "a datetime.timedelta); pass None for no timeout")
     return float(timeout)
