@@ -79,6 +79,7 @@ def _report(world, threads: list[threading.Thread], timeout: float, idle: float)
         else:
             absent.append(r)
             last = world.last_call.get(r)
+            last = last[0].format(*last[1:]) if last else None
             lines.append(f"  rank {r}: never arrived: running outside minipar, now at "
                          f"{_where(frames.get(threads[r].ident))}; its last minipar call: "
                          f"{last or 'none yet'}")

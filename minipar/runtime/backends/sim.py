@@ -100,7 +100,7 @@ class SimWorld:
         self.sends = sends
         self.cond = threading.Condition()
         self.progress = time.monotonic()  # wall time of the last change of state
-        self.last_call: dict[int, str] = {}  # rank -> its latest call into the world
+        self.last_call: dict[int, tuple] = {}  # rank -> its latest call: (format, *args)
         self.deadlines: dict[int, tuple[float, float]] = {}  # rank -> (deadline, timeout)
         self.unsettled: dict[int, list] = {}  # rank -> its sends (key, seq, dst, tag, where)
         self.slots: dict[tuple, _Slot] = {}
@@ -212,7 +212,7 @@ class SimWorld:
             slot.calls[me] = call
             if first is not None and first.signature != call.signature:
                 self._mismatch(slot, g, index)
-            self.last_call[call.rank] = f"{call.kind} on group {g} at {call.where}"
+            self.last_call[call.rank] = ("{} on group {} at {}", call.kind, g, call.where)
             if len(slot.calls) == g.size:
                 self._complete(slot)
                 self._changed()
@@ -270,7 +270,7 @@ class SimWorld:
             self.sent[key] = seq + 1
             self.mail.setdefault(key, {})[seq] = _Message(np.array(array, copy=True),
                                                           arrival, where)
-            self.last_call[rank] = f"send(dst={dst}, tag={tag}) at {where}"
+            self.last_call[rank] = ("send(dst={}, tag={}) at {}", dst, tag, where)
             if self.sends == "rendezvous":
                 mine = self.unsettled.setdefault(rank, [])
                 if len(mine) >= 64:  # forget the sends already matched
@@ -294,7 +294,7 @@ class SimWorld:
             seq = self.posted.get(key, 0)
             self.posted[key] = seq + 1
             box = self.mail.setdefault(key, {})
-            self.last_call[rank] = f"recv(src={src}, tag={tag}) at {where}"
+            self.last_call[rank] = ("recv(src={}, tag={}) at {}", src, tag, where)
             self._changed()  # a sender may be waiting for this recv to be posted
 
         def ready() -> bool:
