@@ -9,7 +9,8 @@ from .collectives import (ReduceOp, all_gather, all_reduce, all_to_all, all_to_a
 from .context import Context, current, device
 from .device import DeviceSpec
 from .errors import (CollectiveMismatchError, CollectiveTimeoutError, CollectiveUsageError,
-                     DeadlockError, MiniparError, RankFailedError, SimulatedOutOfMemoryError, WorldAborted)
+                     DeadlockError, MiniparError, RankFailedError, RankThreadError,
+                     SimulatedOutOfMemoryError, WorldAborted)
 from .group import ProcessGroup
 from .launch import launch
 from .ledger import CATEGORIES, MemoryLedger
@@ -24,8 +25,8 @@ __all__ = [
     "barrier", "broadcast", "gather", "get_rank", "get_world_size", "irecv", "isend",
     "new_group", "recv", "reduce", "reduce_scatter", "scatter", "send", "Context", "current",
     "device", "DeviceSpec", "CollectiveMismatchError", "CollectiveTimeoutError",
-    "CollectiveUsageError",
-    "DeadlockError", "MiniparError", "RankFailedError", "SimulatedOutOfMemoryError",
+    "CollectiveUsageError", "DeadlockError", "MiniparError", "RankFailedError",
+    "RankThreadError", "SimulatedOutOfMemoryError",
     "WorldAborted", "ProcessGroup", "LaunchResult", "launch", "CATEGORIES", "MemoryLedger",
     "DeviceMesh", "Link", "Topology", "init_device_mesh",
 ]

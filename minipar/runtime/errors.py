@@ -20,6 +20,10 @@ class CollectiveMismatchError(MiniparError):
     at the same call index of that group."""
 
 
+class RankThreadError(MiniparError, RuntimeError):
+    """A communication call came from a thread that is not a rank of the running launch."""
+
+
 class DeadlockError(MiniparError):
     """Every live rank is blocked and nothing any of them waits for can ever happen."""
 

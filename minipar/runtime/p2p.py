@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 
 from . import cost as cost_model
-from .context import Context, current
+from .context import Context, rank_context
 from .errors import CollectiveUsageError
 from .group import ProcessGroup
 from .trace import Event
@@ -25,6 +25,7 @@ from .work import Work, as_array, call_site
 
 def _peer(ctx: Context, peer: int, what: str, kind: str, group: Optional[ProcessGroup]) -> None:
     g = ctx.world if group is None else group
+    g.check_world(ctx.world_size, ctx.rank, kind)  # a group made for another world
     if peer not in g or peer == ctx.rank:
         raise CollectiveUsageError(
             f"rank {ctx.rank}: {kind}({what}={peer}) needs another member of group {g}; "
@@ -33,7 +34,7 @@ def _peer(ctx: Context, peer: int, what: str, kind: str, group: Optional[Process
 
 def isend(x, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Work:
     """Start sending x to `dst`; the message costs a + V/B on this rank's p2p stream."""
-    ctx = current()
+    ctx = rank_context("send")
     _peer(ctx, dst, "dst", "send", group)
     x = as_array(x, ctx, "send")
     link = ctx.topology.link(ctx.rank, dst)
@@ -55,7 +56,7 @@ def isend(x, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Wo
 
 def irecv(src: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Work:
     """Post a receive from `src`; wait() returns the array once it has arrived."""
-    ctx = current()
+    ctx = rank_context("recv")
     _peer(ctx, src, "src", "recv", group)
     posted = ctx.clock.compute
     handle = ctx.backend.recv(ctx.rank, src, tag, call_site())

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .checks import block
 from .context import Context
 from .errors import CollectiveTimeoutError, CollectiveUsageError
 
@@ -90,9 +91,7 @@ def call_site() -> str:
 
 def as_array(x: Any, ctx: Context, kind: str) -> np.ndarray:
     """x as an ndarray, or a CollectiveUsageError naming the rank and the call."""
-    if x is None:
-        raise CollectiveUsageError(f"rank {ctx.rank}: {kind} needs an array, got None")
-    return np.asarray(x)
+    return block(x, ctx.rank, kind)  # not None, ragged or objects: see runtime/checks.py
 
 
 def check_timeout(timeout: Any, what: str) -> float:
