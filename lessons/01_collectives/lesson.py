@@ -534,8 +534,8 @@ for size in (2**10, 2**16, 2**20, 2**24, 2**28, 2**32):
 # your answer, and run `minipar grade 01`. The grader runs your functions on simulated
 # devices (1 to 5 ranks, and groups of the even or the odd ranks of a larger world) and
 # compares them with minipar's collectives, with rendezvous sends (section 2). Build the
-# rings from `mp.isend`, `mp.recv` and `mp.irecv` only; `ring_neighbours(group)` in the file gives your position, the group's
-# size and the global ranks of your two neighbours.
+# rings from `mp.isend`, `mp.recv` and `mp.irecv` only; `ring_neighbours(group)` in the
+# file gives your position, the group's size and the global ranks of your two neighbours.
 #
 # - **Exercise 1.1** — `ring_reduce_scatter(x, group=None)`: rank r's chunk r of the sum,
 #   chunks as `np.array_split(x.reshape(-1), n)`, in n - 1 ring steps; each rank sends

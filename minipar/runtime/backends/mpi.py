@@ -28,8 +28,9 @@ send, which completes only once the receiver has posted the matching receive: a 
 `send` waits for that, as on NCCL and on the sim backend (the data itself still moves
 when the receiver takes it). Under sends="eager" a send returns at once. A ring that sends
 before it receives therefore hangs here under rendezvous, as on a cluster, with no
-diagnosis: run it on the sim backend to see it named. Collectives of different groups may be in flight
-at once (the front end orders each group's own); a two-stage one (broadcast, scatter,
+diagnosis: run it on the sim backend to see it named.
+
+Collectives of different groups may be in flight at once (the front end orders each group's own); a two-stage one (broadcast, scatter,
 all_to_all) posts its second stage when its first is done, and a rank blocked on anything
 keeps the others moving, so that what runs on the sim backend does not deadlock here.
 
