@@ -28,6 +28,11 @@ class DeadlockError(MiniparError):
     """Every live rank is blocked and nothing any of them waits for can ever happen."""
 
 
+class CollectiveTimeoutError(MiniparError, TimeoutError):
+    """A wait ran out of time: `launch(..., timeout=)` saw no progress for that long while
+    ranks waited (NCCL's watchdog), or `Work.wait(timeout=)` expired."""
+
+
 class SimulatedOutOfMemoryError(MiniparError, MemoryError):
     """A device's memory ledger went over the device's capacity."""
 

@@ -1,8 +1,12 @@
 """Point to point: send, recv and their asynchronous forms, torch.distributed's names.
 
-`send` is eager (buffered): it costs the sender a + V/B on its p2p stream and returns;
-`recv` returns the message (a new array) once it has arrived, on the receiver's clock.
-`dst` and `src` are global ranks; `group`, if given, must contain both.
+`send` costs the sender a + V/B on its p2p stream. Under `launch(..., sends="rendezvous")`
+(the default) it returns only once the receiver has posted the matching recv, as on NCCL;
+under `sends="eager"` at once, like a buffered MPI send. The simulated clock is the same
+in both modes: the mode decides which programs can finish, not what they cost. `isend`
+never blocks; its Work completes once matched. `recv` returns the message (a new array)
+once it has arrived, on the receiver's clock. `dst` and `src` are global ranks; `group`,
+if given, must contain both.
 """
 
 from __future__ import annotations
@@ -38,11 +42,16 @@ def isend(x, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Wo
     end = start + cost_model.p2p_time(x.nbytes, link)
     ctx.clock.p2p = end
     where = call_site()
-    ctx.backend.send(ctx.rank, x, dst, tag, end, where)
+    handle = ctx.backend.send(ctx.rank, x, dst, tag, end, where)
     ctx.trace.record(Event(ctx.rank, "p2p", "send", start, end, nbytes=x.nbytes,
                            group=(ctx.rank, dst), label=f"to {dst}",
                            meta={"sent_bytes": x.nbytes, "link": link.name, "where": where}))
-    return Work(ctx, lambda: (None, end), ready=lambda: True)
+
+    def finish():
+        handle.wait()  # rendezvous: until dst has posted the matching recv
+        return None, end
+
+    return Work(ctx, finish, ready=handle.is_completed)
 
 
 def irecv(src: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Work:
@@ -67,7 +76,8 @@ def irecv(src: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Work:
 
 
 def send(x, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> None:
-    """Blocking send: the compute stream waits until the message has left (a + V/B)."""
+    """Blocking send: the compute stream waits until the message has left (a + V/B);
+    under rendezvous sends the call also waits until `dst` has posted its recv."""
     isend(x, dst, group, tag).wait()
 
 

@@ -56,8 +56,9 @@ def _semantics(ctx: mp.Context) -> dict:
                                 src=0)
     out["all_to_all"] = mp.all_to_all([np.array([10.0 * r + j]) for j in range(n)])
     left, right = (r - 1) % n, (r + 1) % n
-    mp.send(x, dst=right)
+    sent = mp.isend(x, dst=right)  # a blocking send first would deadlock, as on NCCL
     out["recv"] = mp.recv(src=left)
+    sent.wait()
     mp.barrier()
     return out
 
