@@ -4,34 +4,41 @@
     minipar incident NAME          (a: TP across nodes, c: ZeRO-3 + activation checkpointing)
     minipar train [--steps N] [--batch B] [--micro-batches K] [--seq-len S] [--layers L]
                   [--hidden H] [--heads A] [--lr LR] [--warmup W] [--dtype D] [--seed N]
-                  [--sample N] [--temperature T] [--quiet]
-    minipar lessons [list | open NN | build [--check] [--force]]
+                  [--sample N] [--temperature T] [--prompt TEXT] [--quiet]
+    minipar lessons [list | open NN | build [--check] [--force] [NN ...]]
     minipar grade NN [--impl exercise|solution|PATH]
     minipar --version
+
+Every flag is checked when it is parsed (a number is finite and in its range, a path can be
+written, a lesson exists): a bad one is argparse's usage error, exit status 2, before any
+work. An exception from deeper inside is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import re
 import sys
 from typing import Optional, Sequence
 
 from . import __version__
-from .course import grade
+from .course import find_lesson, grade
 from .data import load_corpus
 from .programs import lessons, train_report
 from .programs.incidents import INCIDENTS, get
-from .programs.tour import run_tour
+from .programs.tour import MAX_MEGABYTES, run_tour, tour_nbytes
 from .programs.train import TrainConfig, generate, train
 from .programs.train_checks import TrainingDiverged, TrainingRefused
 
 
 def _tour(args: argparse.Namespace) -> int:
-    if args.megabytes <= 0:
-        raise SystemExit("minipar tour: --megabytes must be positive")
-    run_tour(nbytes=int(args.megabytes * (1 << 20)), trace_path=args.trace,
-             ascii=args.ascii, width=args.width)
+    nbytes = tour_nbytes(args.megabytes)
+    if nbytes != args.megabytes * (1 << 20):
+        print(f"(--megabytes {args.megabytes:g} is rounded to {nbytes:,} bytes: a whole "
+              f"number of float32 elements that splits evenly over the 8 ranks)\n")
+    run_tour(print, nbytes=nbytes, trace_path=args.trace, ascii=args.ascii, width=args.width)
     return 0
 
 
@@ -41,17 +48,33 @@ def _incident(args: argparse.Namespace) -> int:
 
 
 def _lessons(args: argparse.Namespace) -> int:
-    return lessons.run(args.action or "list", args.numbers, check=args.check, force=args.force)
+    action = args.action or "list"
+    if action == "open" and len(args.numbers) != 1:
+        args.parser.error(f"open takes one lesson number, e.g. `minipar lessons open 01`; got "
+                          f"{len(args.numbers)}")
+    if action == "list" and args.numbers:
+        args.parser.error(f"list takes no lesson number (got {' '.join(args.numbers)}); "
+                          f"`minipar lessons open NN` shows one lesson")
+    if action != "build" and (args.check or args.force):
+        args.parser.error("--check and --force apply to `minipar lessons build` only")
+    if args.check and args.force:
+        args.parser.error("--check only compares and --force overwrites: give one of them")
+    if _missing_lesson("lessons", args.numbers):
+        return 2
+    return lessons.run(action, args.numbers, check=args.check, force=args.force)
 
 
 def _grade(args: argparse.Namespace) -> int:
+    if _missing_lesson("grade", [args.lesson]):
+        return 2
     report = grade(args.lesson, args.impl)
     return 0 if report.passed else 1
 
 
-def _number(cast, minimum, strict: bool, what: str):
-    """An argparse `type=` that parses with `cast` and accepts values > minimum (strict)
-    or >= minimum, finite; the error says what was expected and what was received."""
+def _number(cast, minimum, strict: bool, what: str, maximum=None, why: str = ""):
+    """An argparse `type=` that parses with `cast` and accepts finite values > minimum
+    (strict) or >= minimum, and <= maximum when given; the error says what was expected,
+    what was received and, for the maximum, why."""
     def parse(text: str):
         try:
             v = cast(text)
@@ -60,6 +83,9 @@ def _number(cast, minimum, strict: bool, what: str):
         ok = math.isfinite(v) and (v > minimum if strict else v >= minimum)
         if not ok:
             raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        if maximum is not None and v > maximum:
+            top = f"{maximum:,}" if isinstance(maximum, int) else f"{maximum:g}"
+            raise argparse.ArgumentTypeError(f"must be at most {top}{why}, got {text}")
         return v
     return parse
 
@@ -68,6 +94,64 @@ _positive_int = _number(int, 0, True, "a positive integer")
 _count = _number(int, 0, False, "an integer >= 0")
 _positive_float = _number(float, 0.0, True, "a positive number")
 _nonnegative_float = _number(float, 0.0, False, "a number >= 0")
+_steps = _number(int, 0, True, "a positive integer", maximum=1_000_000,
+                 why=" (about a day on this machine at the defaults)")
+_sample = _number(int, 0, False, "an integer >= 0", maximum=100_000,
+                  why=" characters (one forward per character)")
+_megabytes = _number(float, 0.0, True, "a positive number of MiB", maximum=MAX_MEGABYTES,
+                     why=" MiB (the tour holds about 80 copies of the buffer over its 8 ranks, "
+                         "5 GB at 64 MiB)")
+_width = _number(int, 0, True, "a positive number of columns", maximum=1000,
+                 why=" columns")
+
+
+def _output_path(text: str) -> str:
+    """An argparse `type=` for a file to write: non-empty, not a directory, in a directory
+    that exists and can be written; checked before any work so a long run is not lost."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file path, got an empty one")
+    path = os.path.abspath(text)
+    parent = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; name a file in it, e.g. "
+                                         f"{os.path.join(text, 'trace.json')}")
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: no directory {parent!r}")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path)
+                                           and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: permission denied")
+    return text
+
+
+def _lesson_number(text: str) -> str:
+    """An argparse `type=` for a lesson number: "1", "01" or "01_collectives" (whether the
+    course has it is looked up when the command runs, by `_missing_lesson`)."""
+    if not re.fullmatch(r"\d{1,2}(_\w+)?", text):
+        raise argparse.ArgumentTypeError(f"expected a lesson number such as 01, got {text!r}")
+    return text
+
+
+def _missing_lesson(command: str, numbers: Sequence[str]) -> bool:
+    """True, after saying so on stderr, when a lesson in `numbers` is not in the course."""
+    for n in numbers:
+        try:
+            find_lesson(n)
+        except KeyError as e:
+            print(f"minipar {command}: {e.args[0]}", file=sys.stderr)
+            return True
+    return False
+
+
+def _implementation(text: str) -> str:
+    """An argparse `type=` for `grade --impl`: exercise, solution, or a .py file that exists."""
+    if text in ("exercise", "solution"):
+        return text
+    if not text.endswith(".py"):
+        raise argparse.ArgumentTypeError(f"expected exercise, solution or the path of a .py "
+                                         f"file, got {text!r}")
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no file {text!r}")
+    return text
 
 
 def _check_train_flags(args: argparse.Namespace, warmup: int) -> None:
@@ -137,12 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tour", help="run every collective on 8 simulated GPUs (2 nodes) and "
                                     "show what moved where, what it cost, and a timeline")
-    t.add_argument("--trace", metavar="PATH",
-                   help="also write a Chrome trace (open in Perfetto or chrome://tracing)")
-    t.add_argument("--ascii", action="store_true", help="draw the timeline in plain ASCII")
-    t.add_argument("--width", type=int, default=72, help="timeline width in columns (72)")
-    t.add_argument("--megabytes", type=float, default=4.0,
-                   help="per-rank buffer size of the costed collectives, in MiB (4)")
+    t.add_argument("--trace", metavar="PATH", type=_output_path,
+                   help="also write a Chrome trace of every part (open in Perfetto or "
+                        "chrome://tracing)")
+    t.add_argument("--ascii", action="store_true",
+                   help="print ASCII only: timelines, units, formulas and diagrams")
+    t.add_argument("--width", metavar="N", type=_width, default=72,
+                   help="timeline width in columns, 1 to 1000 (72)")
+    t.add_argument("--megabytes", metavar="M", type=_megabytes, default=4.0,
+                   help=f"per-rank buffer size of the costed collectives, in MiB, above 0 "
+                        f"and at most {MAX_MEGABYTES:g}; rounded to whole float32 elements "
+                        f"that split over 8 ranks (4)")
     t.set_defaults(func=_tour)
 
     inc = sub.add_parser("incident", help="run an incident case on simulated "
@@ -162,13 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
                                     "exercise.py from its solution.py (--check only compares).")
     le.add_argument("action", nargs="?", choices=("list", "open", "build"), metavar="ACTION",
                     help="list (default) | open NN | build [NN ...]")
-    le.add_argument("numbers", nargs="*", metavar="NN", help="lesson number(s)")
+    le.add_argument("numbers", nargs="*", metavar="NN", type=_lesson_number,
+                    help="lesson number(s)")
     le.add_argument("--check", action="store_true",
                     help="build: only check that each exercise.py is what its solution.py "
                          "generates (exit 1 if not)")
     le.add_argument("--force", action="store_true",
                     help="build: overwrite an exercise.py that differs (your answers too)")
-    le.set_defaults(func=_lessons)
+    le.set_defaults(func=_lessons, parser=le)
 
     gr = sub.add_parser("grade", help="grade a lesson's exercises on simulated devices",
                         description="Run lesson NN's grader on your exercise.py (or on the "
@@ -176,8 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "minipar's own implementation over many configurations, "
                                     "and a failure names the rank, what was expected, what "
                                     "was received and the smallest failing configuration.")
-    gr.add_argument("lesson", metavar="NN", help="lesson number, e.g. 01")
-    gr.add_argument("--impl", default="exercise", metavar="WHICH",
+    gr.add_argument("lesson", metavar="NN", type=_lesson_number, help="lesson number, e.g. 01")
+    gr.add_argument("--impl", default="exercise", metavar="WHICH", type=_implementation,
                     help="exercise (default: your file), solution, or a path to a .py file")
     gr.set_defaults(func=_grade)
 
@@ -187,8 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "simulated H100: gradient accumulation over micro-batches, "
                                     "global-norm clipping, AdamW with warmup and cosine decay, "
                                     "mixed precision for bfloat16/float16.")
-    tr.add_argument("--steps", metavar="N", type=_positive_int, default=200,
-                    help="optimizer steps (200)")
+    tr.add_argument("--steps", metavar="N", type=_steps, default=200,
+                    help="optimizer steps, at most 1,000,000 (200)")
     tr.add_argument("--batch", metavar="B", type=_positive_int, default=32,
                     help="global batch, in sequences (32)")
     tr.add_argument("--micro-batches", metavar="K", type=_positive_int, default=1,
@@ -211,8 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "the 16-bit ones with float32 master weights (float32)")
     tr.add_argument("--seed", metavar="N", type=_count, default=0,
                     help="seed of the weights and the data (0)")
-    tr.add_argument("--sample", type=_count, default=0, metavar="N",
-                    help="print N characters generated by the trained model (0)")
+    tr.add_argument("--sample", type=_sample, default=0, metavar="N",
+                    help="print N characters generated by the trained model, at most "
+                         "100,000 (0)")
     tr.add_argument("--temperature", metavar="T", type=_nonnegative_float, default=0.0,
                     help="sampling temperature for --sample; 0 is greedy (0)")
     tr.add_argument("--prompt", metavar="TEXT", default="The ",
@@ -233,9 +324,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.func(args)
     except BrokenPipeError:  # e.g. `minipar tour | head`
         return 0
-    except (KeyError, FileNotFoundError) as e:  # no such lesson, no lessons directory, ...
+    except FileNotFoundError as e:  # no lessons directory (lesson numbers are parse-time)
         if args.command not in ("lessons", "grade"):
-            raise
+            raise  # anything else unexpected is a bug: its traceback stays
         print(f"minipar {args.command}: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
 

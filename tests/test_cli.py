@@ -5,7 +5,9 @@ import re
 
 import pytest
 
-from minipar.cli import main
+from minipar.cli import build_parser, main
+from minipar.programs.tour import ALIGN_BYTES, to_ascii, tour_nbytes
+from minipar.programs.tour.cluster import cluster_parts
 
 
 @pytest.mark.timeout(60)
@@ -13,6 +15,7 @@ def test_tour_runs_and_reports(tmp_path, capsys):
     trace = tmp_path / "tour.json"
     assert main(["tour", "--megabytes", "1", "--ascii", "--trace", str(trace)]) == 0
     out = capsys.readouterr().out
+    assert out.isascii(), sorted({c for c in out if not c.isascii()})  # --ascii: ASCII only
     # what moved where: sum over ranks of [10r, 10r+1] for r = 0..7
     assert "[280.,288.]" in out
     # the ring built from send/recv matches the direct all_reduce and the formula
@@ -62,6 +65,23 @@ def test_tour_runs_and_reports(tmp_path, capsys):
     assert len(losses) == 2 and all(a == b and float(d) < 1e-12 for a, b, d in losses)
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name") == "all_reduce" and e["ph"] == "X" for e in events)
+    # every part is in the trace, one after another, and each starts a section
+    sections = [e for e in events if e["ph"] == "i"]
+    assert [s["name"].split(".")[0] for s in sections] == sorted(
+        s["name"].split(".")[0] for s in sections)
+    assert {s["name"].split(".")[0] for s in sections} == {"1", "2", "3", "4", "6", "7", "8",
+                                                          "9"}
+    starts = [s["ts"] for s in sections]
+    assert starts == sorted(starts) and len(set(starts)) == len(starts)
+    xs = [e for e in events if e["ph"] == "X"]
+    for (a, b) in zip(starts, starts[1:] + [float("inf")]):
+        assert any(a <= e["ts"] < b for e in xs)  # no section is empty
+    assert max(e["ts"] for e in xs) >= starts[-1]
+    # part 9's collectives are on the tp group's own track, named after it
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert threads[(0, next(e["tid"] for e in xs if e["pid"] == 0 and e["ts"] >= starts[-1]
+                            and e["cat"] == "comm"))] == "comm tp [0, 1, 2, 3]"
 
 
 def test_no_command_prints_help_and_fails(capsys):
@@ -75,9 +95,89 @@ def test_version(capsys):
     assert e.value.code == 0 and "minipar" in capsys.readouterr().out
 
 
-def test_bad_size_is_refused():
-    with pytest.raises(SystemExit, match="--megabytes must be positive"):
+def test_bad_size_is_refused(capsys):
+    """A usage error now (exit status 2, before any work), with the same words."""
+    with pytest.raises(SystemExit) as e:
         main(["tour", "--megabytes", "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--megabytes" in err and "must be a positive" in err
+
+
+@pytest.mark.parametrize("mb", [1e-9, 0.1, 0.3, 2.7, 4.0, 64.0])
+def test_any_positive_size_rounds_to_whole_float32_chunks_over_the_ranks(mb):
+    nbytes = tour_nbytes(mb)
+    assert nbytes % ALIGN_BYTES == 0 and nbytes >= ALIGN_BYTES
+    assert abs(nbytes - mb * (1 << 20)) <= ALIGN_BYTES / 2 or nbytes == ALIGN_BYTES
+    if mb == 4.0:
+        assert nbytes == 4 << 20  # the default is unchanged
+
+
+@pytest.mark.parametrize("mb", [0, -1.0, float("nan"), float("inf"), 64.5, "4"])
+def test_tour_nbytes_refuses_what_is_not_a_size(mb):
+    with pytest.raises(ValueError, match="finite number of MiB"):
+        tour_nbytes(mb)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mb", [1e-9, 0.1, 0.3, 2.7])
+def test_the_collectives_run_on_a_rounded_size(mb):
+    """0.1, 0.3 and 2.7 MiB crashed inside reduce_scatter (26,214 elements over 8 ranks)."""
+    lines = []
+    events = cluster_parts(lines.append, tour_nbytes(mb), ascii=True, width=20)
+    assert events and any("ring of sends" in l and "same result: True" in l for l in lines)
+
+
+def test_cluster_parts_refuses_a_size_the_collectives_cannot_split():
+    with pytest.raises(ValueError, match="multiple of 32 bytes"):
+        cluster_parts(print, 104_857, ascii=True, width=20)
+
+
+@pytest.mark.timeout(60)
+def test_a_rounded_size_is_announced(capsys):
+    assert main(["tour", "--megabytes", "0.1", "--ascii", "--width", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("(--megabytes 0.1 is rounded to 104,864 bytes")
+    assert "2. What it costs: every collective on 102.41 KiB of float32 per rank" in out
+
+
+def test_to_ascii_maps_the_tours_characters_and_marks_any_other():
+    assert to_ascii("Ψ' = 2 µs ─► f̄, ḡ; s·b") == "Psi' = 2 us -> f-bar, g-bar; s*b"
+    assert to_ascii("naïve") == "na?ve"
+
+
+@pytest.mark.parametrize("argv", [["tour", "--width", "1000"], ["tour", "--width", "1"],
+                                  ["tour", "--megabytes", "64"], ["train", "--steps",
+                                                                  "1000000"]])
+def test_the_ends_of_each_range_are_accepted(argv):
+    args = build_parser().parse_args(argv)
+    assert args.func is not None
+
+
+def test_an_unexpected_error_keeps_its_traceback(monkeypatch):
+    """A bug is not an input error: main does not turn it into a message."""
+    import minipar.cli as cli
+
+    def broken(*a, **k):
+        raise KeyError("a bug inside the course")
+
+    monkeypatch.setattr(cli, "grade", broken)
+    with pytest.raises(KeyError, match="a bug inside the course"):
+        main(["grade", "01"])
+    monkeypatch.setattr(cli, "run_tour", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        main(["tour"])
+
+
+def test_a_trace_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys,
+                                                                       monkeypatch):
+    import minipar.cli as cli
+
+    monkeypatch.setattr(cli, "run_tour", lambda *a, **k: pytest.fail("the tour ran"))
+    for path in ("", "   ", str(tmp_path), str(tmp_path / "no" / "t.json")):
+        with pytest.raises(SystemExit) as e:
+            main(["tour", "--trace", path])
+        assert e.value.code == 2 and "argument --trace" in capsys.readouterr().err
 
 
 def test_the_tour_uses_the_equivalence_tests_tolerance():

@@ -10,7 +10,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import minipar as mp
@@ -401,3 +401,267 @@ def test_ranks_that_disagree_on_what_is_sharded_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"rank00001.json was saved with sharded=.*'y'.*"
                                               r"every rank must pass the same"):
         load_sharded(tmp_path)
+
+
+# ---- damage is refused before anything is allocated, and named --------------------------
+def _resign(base: Path) -> None:
+    """Record the .npz's current sha256 in its .json: damage that a consistent pair carries,
+    so the checks past the sha256 are what refuse it."""
+    import hashlib
+    _edit_json(base.with_suffix(".json"), lambda d: d.update(
+        npz_sha256=hashlib.sha256(base.with_suffix(".npz").read_bytes()).hexdigest()))
+
+
+def _npy_bytes(shape, descr="<f8", data=b"") -> bytes:
+    import io
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False,
+                                               "shape": tuple(shape)})
+    return buf.getvalue() + data
+
+
+def huge_header_checkpoint(d: Path) -> Path:
+    """A pair of a few hundred bytes whose header declares 2**34 float64 (128 GiB) and
+    whose JSON agrees: today's loader asked NumPy for 128 GiB."""
+    save_arrays(d / "h", {"x": np.zeros(2)}, {})
+    with zipfile.ZipFile(d / "h.npz", "w") as zf:
+        zf.writestr("x.npy", _npy_bytes([2 ** 34]))
+    _edit_json(d / "h.json", lambda doc: doc["arrays"]["x"].update(shape=[2 ** 34]))
+    _resign(d / "h")
+    return d / "h"
+
+
+def test_a_header_declaring_more_data_than_the_file_holds_is_refused_unallocated(tmp_path):
+    import tracemalloc
+    base = huge_header_checkpoint(tmp_path)
+    assert (tmp_path / "h.npz").stat().st_size < 400
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError, match=r"h.npz: member 'x.npy' declares float64 of "
+                                                  r"shape \[17179869184\], 137438953472 bytes "
+                                                  r"of data, but holds 0.*before anything"):
+            load_arrays(base)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def _damage(base: Path, how: str) -> None:
+    """Rewrite base.npz's member w.npy (arange(6.0), stored) damaged one way."""
+    npz = base.with_suffix(".npz")
+    raw = bytearray(npz.read_bytes())
+    if how == "crc":       # one data byte flipped: the header is intact, the CRC-32 is not
+        raw[raw.index(b"\x93NUMPY") + 128 + 3] ^= 0xFF
+        npz.write_bytes(bytes(raw))
+    elif how == "truncated":  # the middle lost, the zip's directory intact
+        npz.write_bytes(bytes(raw[:len(raw) // 2]) + bytes(raw[-120:]))
+    elif how == "cut":        # the end lost, the zip's directory with it
+        npz.write_bytes(bytes(raw[:len(raw) // 2]))
+    else:
+        member = {"not-npy": b"hello, not an array",
+                  "short": _npy_bytes([2, 3], data=b"\0" * 40),   # 40 of 48 bytes
+                  "dtype": _npy_bytes([2, 3], descr="<i8", data=b"\0" * 48),
+                  "negative": _npy_bytes([-2, 3])}[how]
+        with zipfile.ZipFile(npz, "w") as zf:
+            zf.writestr("w.npy", member)
+    _resign(base)
+
+
+@pytest.mark.parametrize("how, match", [
+    ("crc", r"w.npz: array 'w' \(member 'w.npy'\) is damaged: Bad CRC-32"),
+    ("truncated", r"w.npz: array 'w' \(member 'w.npy'\) is damaged"),
+    ("cut", r"w.npz is not an .npz \(zip\) archive"),
+    ("not-npy", r"w.npz: member 'w.npy' is not a readable .npy array"),
+    ("short", r"w.npz: member 'w.npy' declares float64 of shape \[2, 3\], 48 bytes of data, "
+              r"but holds 40"),
+    ("dtype", r"w.json says array 'w' is stored as float64, but .*w.npz holds int64"),
+    ("negative", r"w.npz: member 'w.npy' declares the shape \[-2, 3\], with a negative size"),
+])
+def test_a_damaged_member_is_named_with_its_file_and_array(tmp_path, how, match):
+    save_arrays(tmp_path / "w", {"w": np.arange(6.0).reshape(2, 3)}, {})
+    _damage(tmp_path / "w", how)
+    with pytest.raises(CheckpointError, match=match):
+        load_arrays(tmp_path / "w")
+
+
+def _zip_with_entry(npz: Path, edit) -> None:
+    """Rewrite npz's central directory entry of its one member with edit(ZipInfo)."""
+    import struct
+    raw = bytearray(npz.read_bytes())
+    at = raw.rindex(b"PK\x01\x02")
+    fields = list(struct.unpack_from("<4s6H3L5H2L", raw, at))
+    edit(fields)  # [8] compress_size, [9] file_size, [4] method
+    struct.pack_into("<4s6H3L5H2L", raw, at, *fields)
+    npz.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda f: f.__setitem__(8, 1 << 30), r"places 1073741824 bytes at offset 0, beyond the "
+                                           r"file's"),
+    (lambda f: f.__setitem__(9, 1 << 30), r"stored uncompressed but declares 1073741824 "
+                                           r"bytes in 176"),
+    (lambda f: (f.__setitem__(4, 8), f.__setitem__(9, 1 << 31)),
+     r"declares 2147483648 bytes deflated into 176, more than deflate's largest ratio"),
+    (lambda f: f.__setitem__(4, 12), r"zip compression method 12; minipar writes stored or "
+                                     r"deflated"),
+])
+def test_zip_sizes_that_the_file_cannot_hold_are_refused(tmp_path, edit, match):
+    save_arrays(tmp_path / "z", {"w": np.arange(6.0)}, {})
+    with zipfile.ZipFile(tmp_path / "z.npz", "w") as zf:  # a plain zip: no zip64 extra field
+        zf.writestr("w.npy", _npy_bytes([6], data=np.arange(6.0).tobytes()))
+    _zip_with_entry(tmp_path / "z.npz", edit)
+    _resign(tmp_path / "z")
+    with pytest.raises(CheckpointError, match=r"z.npz: member 'w.npy' is damaged: .*" + match):
+        load_arrays(tmp_path / "z")
+
+
+def test_a_member_listed_twice_and_a_json_without_tables_are_refused(tmp_path):
+    save_arrays(tmp_path / "t", {"w": np.zeros(2)}, {})
+    with pytest.warns(UserWarning, match="Duplicate name"):
+        with zipfile.ZipFile(tmp_path / "t.npz", "w") as zf:
+            zf.writestr("w.npy", _npy_bytes([2], data=bytes(16)))
+            zf.writestr("w.npy", _npy_bytes([2], data=bytes(16)))
+    _resign(tmp_path / "t")
+    with pytest.raises(CheckpointError, match="t.npz lists member 'w.npy' twice"):
+        load_arrays(tmp_path / "t")
+    save_arrays(tmp_path / "u", {"w": np.zeros(2)}, {})
+    _edit_json(tmp_path / "u.json", lambda d: d.pop("meta"))
+    with pytest.raises(CheckpointError, match="u.json has no 'arrays' or 'meta' table"):
+        load_arrays(tmp_path / "u")
+    _edit_json(tmp_path / "u.json", lambda d: d.update(meta={}, arrays={"w": [2]}))
+    with pytest.raises(CheckpointError, match=r"the entry of array 'w' is \[2\], expected"):
+        load_arrays(tmp_path / "u")
+    (tmp_path / "u.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CheckpointError, match="u.json is not valid JSON"):
+        load_arrays(tmp_path / "u")
+
+
+# ---- a save refuses a bad path before writing anything -----------------------------------
+def test_saving_onto_a_directory_or_under_a_file_is_refused_unwritten(tmp_path):
+    (tmp_path / "d.npz").mkdir()
+    with pytest.raises(CheckpointError, match=r"cannot save .*d.npz: it is a directory"):
+        save_arrays(tmp_path / "d", {"x": np.ones(2)}, {})
+    (tmp_path / "f").write_text("a file")
+    with pytest.raises(CheckpointError, match=r"cannot save .*f/sub/c.npz: .*f is a file, not "
+                                              r"a directory"):
+        save_arrays(tmp_path / "f" / "sub" / "c", {"x": np.ones(2)}, {})
+    with pytest.raises(CheckpointError, match=r"cannot save a sharded checkpoint into .*f: it "
+                                              r"is a file"):
+        save_sharded(tmp_path / "f", 0, 1, {"x": np.ones(2)}, {})
+    assert sorted(os.listdir(tmp_path)) == ["d.npz", "f"] and os.listdir(tmp_path / "d.npz") == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_saving_into_a_directory_without_write_permission_is_refused(tmp_path):
+    (tmp_path / "ro").mkdir(mode=0o555)
+    with pytest.raises(CheckpointError, match="may not write in"):
+        save_arrays(tmp_path / "ro" / "c", {"x": np.ones(2)}, {})
+
+
+# ---- a sharded directory mixing two saves, a damaged index -------------------------------
+def test_files_of_another_save_with_the_same_shapes_are_refused_by_save_id(tmp_path):
+    for save in ("a", "b"):
+        for r in range(2):
+            save_sharded(tmp_path / save, r, 2, {"x": np.full(2, r + (save == "b")),
+                                                 "step": np.array(1)}, {},
+                         sharded={"x": [4]}, save_id=f"step-1-{save}")
+    for suffix in (".npz", ".json"):
+        shutil_copy(tmp_path / "b" / f"rank00001{suffix}", tmp_path / "a" / f"rank00001{suffix}")
+    with pytest.raises(CheckpointError, match=r"rank00001.json belongs to save 'step-1-b', but "
+                                              r".*index.json to save 'step-1-a': the directory "
+                                              r"mixes files of two saves"):
+        load_sharded(tmp_path / "a")
+    with pytest.raises(CheckpointError, match="save_id must be a str"):
+        save_sharded(tmp_path / "c", 0, 1, {"x": np.ones(1)}, {}, save_id=7)
+
+
+def shutil_copy(src: Path, dst: Path) -> None:
+    dst.write_bytes(src.read_bytes())
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("edit, match", [
+    (lambda i: i.update(world_size=10 ** 12), "expected world_size >= 1"),  # never listed
+    (lambda i: i.update(world_size="3"), "expected world_size >= 1"),
+    (lambda i: i["arrays"]["x"].update(global_numel="35"), "entry of array 'x' is damaged"),
+    (lambda i: i["arrays"]["x"].update(padding=-1), "entry of array 'x' is damaged"),
+    (lambda i: i["arrays"]["x"].update(global_shape=[2, 2]), "entry of array 'x' is damaged"),
+    (lambda i: i["arrays"]["x"].update(offsets=[0, 1, 2]), "entry of array 'x' is damaged"),
+    (lambda i: i["arrays"]["step"].update(global_shape="[]"), "entry of array 'step' is"),
+    (lambda i: i.update(save_id=[1]), "its save_id [1] is not a string"),
+])
+def test_a_damaged_sharded_index_is_refused_naming_the_field(tmp_path, edit, match):
+    _save_three(tmp_path)
+    _edit_json(tmp_path / "index.json", edit)
+    with pytest.raises(CheckpointError, match=match.replace("[", r"\[").replace("]", r"\]")):
+        consolidate(tmp_path)
+
+
+# ---- fuzz: whatever the bytes, a CheckpointError naming the file, and no large allocation ---
+def _fuzz_pair(d: Path, compress: bool) -> Path:
+    save_arrays(d / "f", {"w": np.arange(12.0).reshape(3, 4), "b": np.ones(3, bf16),
+                          "step": np.array(4)}, {"step": 4}, compress=compress)
+    return d / "f"
+
+
+_MUTATION = st.tuples(st.sampled_from(["npz", "json"]), st.booleans(),
+                      st.lists(st.tuples(st.floats(0, 1, exclude_max=True),
+                                         st.integers(0, 255)), min_size=1, max_size=6),
+                      st.none() | st.floats(0, 1))
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=150, deadline=None)
+@given(compress=st.booleans(), mutation=_MUTATION)
+def test_fuzz_mutated_bytes_give_a_checkpoint_error_naming_the_file(compress, mutation):
+    """Bytes of a valid pair overwritten (and the file perhaps cut short); with `resign` the
+    .json records the damaged .npz's sha256, so the checks past it are what must refuse.
+    Every outcome: the arrays saved, or a CheckpointError naming the file; under 16 MiB."""
+    import tracemalloc
+    which, resign, writes, cut = mutation
+    with tempfile.TemporaryDirectory() as d:
+        base = _fuzz_pair(Path(d), compress)
+        target = base.with_suffix("." + which)
+        raw = bytearray(target.read_bytes())
+        for at, byte in writes:
+            raw[int(at * len(raw))] = byte
+        if cut is not None:
+            raw = raw[:int(cut * len(raw))]
+        target.write_bytes(bytes(raw))
+        if resign and which == "npz":
+            try:
+                _resign(base)
+            except ValueError:
+                pass  # the .json is intact; a json.loads failure cannot happen here
+        tracemalloc.start()
+        try:
+            got = load_arrays(base)
+        except CheckpointError as e:
+            assert "f.npz" in str(e) or "f.json" in str(e), str(e)
+        else:
+            assert same(got[0]["w"], np.arange(12.0).reshape(3, 4))
+        finally:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+    assert peak < 16 << 20, peak
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=100, deadline=None)
+@given(writes=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(32, 126)),
+                       min_size=1, max_size=4))
+def test_fuzz_a_mutated_sharded_index_gives_a_checkpoint_error(writes):
+    with tempfile.TemporaryDirectory() as d:
+        _save_three(d)
+        index = Path(d) / "index.json"
+        raw = bytearray(index.read_bytes())
+        for at, byte in writes:
+            raw[int(at * len(raw))] = byte
+        index.write_bytes(bytes(raw))
+        try:
+            full = consolidate(d)
+        except CheckpointError as e:
+            assert "index.json" in str(e) or "rank0000" in str(e), str(e)
+        else:
+            assert full["x"].shape == (5,)

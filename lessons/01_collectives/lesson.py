@@ -25,6 +25,8 @@
 # Run it with `python lessons/01_collectives/lesson.py`, or open it as a notebook.
 
 # %%
+import textwrap
+
 import numpy as np
 
 import minipar as mp
@@ -156,15 +158,75 @@ for r, ctx in enumerate(res.contexts):
 # crossed InfiniBand to rank 2, at 89 us. Every rank here sends or receives over
 # InfiniBand, so all four finish at 89 us: the slow hops set the pace.
 #
-# minipar's `send` is *eager*, like a buffered MPI send: the message goes into the
-# receiver's mailbox and the sender goes on, so even a blocking `mp.send` followed by
-# `mp.recv` on every rank works. NCCL gives no such promise for large messages — a send
-# may wait until its receiver posts the matching receive — so real ring code posts both
-# sides at once, with `isend`/`irecv` or `batch_isend_irecv`, as above. Do the same in
-# the exercises: `isend` to the right, `recv` from the left, then `wait()` on the send.
+# **Eager or rendezvous: when does a send return?** A send can return as soon as the
+# message is copied into a buffer (*eager*, like a buffered MPI send), or only once the
+# receiver has posted the matching receive (*rendezvous*, MPI's synchronous `MPI_Ssend`).
+# NCCL's send is rendezvous: it moves data straight into the receiver's buffer, so it
+# cannot finish before that buffer exists, and MPI libraries switch to rendezvous above a
+# few kilobytes. minipar's sends are rendezvous too (`mp.launch(..., sends="rendezvous")`,
+# the default). So the ring that looks most natural — every rank a blocking `send` to the
+# right, then a `recv` from the left — waits forever: each rank's send waits for a recv
+# that its neighbour will post only after its own send returns. With buffered sends it
+# would run, here and on small messages in MPI, and then hang on the cluster at scale. The
+# simulated cluster names it:
+
+# %%
+def send_then_recv(ctx):
+    r, n = ctx.rank, ctx.world_size
+    mp.send(np.full(1, float(r)), dst=(r + 1) % n)
+    return mp.recv(src=(r - 1) % n)
+
+
+try:
+    mp.launch(send_then_recv, 3)
+except mp.DeadlockError as e:
+    lines = str(e).splitlines()
+    print("\n".join(lines[:4]))
+    print("\n".join(textwrap.wrap(lines[-1], 88)))
+
+# %% [markdown]
+# Two fixes, both what real ring code does. Post both sides at once: `isend` to the right
+# (it returns at once; its `Work` completes when matched), `recv` from the left, then
+# `wait()` on the send — that is `torch.distributed.batch_isend_irecv`, and what the
+# exercises below ask for. Or alternate by parity: even ranks send first and odd ranks
+# receive first, so every chain of waiting sends ends at an odd rank that is receiving
+# (with an odd n, ranks n - 1 and 0 are both even: rank 0's send to rank 1 returns first,
+# and then rank 0 receives from rank n - 1):
+
+# %%
+def by_parity(ctx):
+    r, n = ctx.rank, ctx.world_size
+    x = np.full(1, float(r))
+    if r % 2 == 0:
+        mp.send(x, dst=(r + 1) % n)
+        return mp.recv(src=(r - 1) % n)
+    got = mp.recv(src=(r - 1) % n)
+    mp.send(x, dst=(r + 1) % n)
+    return got
+
+
+def both_sides_at_once(ctx):
+    r, n = ctx.rank, ctx.world_size
+    work = mp.isend(np.full(1, float(r)), dst=(r + 1) % n)
+    got = mp.recv(src=(r - 1) % n)
+    work.wait()
+    return got
+
+
+for program in (by_parity, both_sides_at_once):
+    print(f"{program.__name__:>18}: rank r got", [float(g[0]) for g in mp.launch(program, 3)])
+print(f"{'eager sends':>18}: rank r got",
+      [float(g[0]) for g in mp.launch(send_then_recv, 3, sends="eager")],
+      "(runs, and would hang on NCCL)")
+
+# %% [markdown]
+# The graders run your code with rendezvous sends, so a ring that would hang on NCCL fails
+# here with this diagnosis instead of passing. A rank that never comes back to minipar at
+# all (an endless loop, a long sleep) is what `mp.launch(..., timeout=seconds)` is for:
+# like NCCL's watchdog, it ends the run and names the ranks that never arrived.
 #
-# Order still matters. Two ranks that each wait to receive before sending wait forever;
-# on a real cluster that is a hang, on the simulated one a diagnosis:
+# Order still matters with any sends. Two ranks that each wait to receive before sending
+# wait forever; on a real cluster that is a hang, on the simulated one a diagnosis:
 
 # %%
 def both_receive_first(ctx):
@@ -471,9 +533,9 @@ for size in (2**10, 2**16, 2**20, 2**24, 2**28, 2**32):
 # Open `exercise.py` in this directory, replace each `raise NotImplementedError(...)` with
 # your answer, and run `minipar grade 01`. The grader runs your functions on simulated
 # devices (1 to 5 ranks, and groups of the even or the odd ranks of a larger world) and
-# compares them with minipar's collectives. Build the rings from `mp.isend`, `mp.recv` and
-# `mp.irecv` only; `ring_neighbours(group)` in the file gives your position, the group's
-# size and the global ranks of your two neighbours.
+# compares them with minipar's collectives, with rendezvous sends (section 2). Build the
+# rings from `mp.isend`, `mp.recv` and `mp.irecv` only; `ring_neighbours(group)` in the
+# file gives your position, the group's size and the global ranks of your two neighbours.
 #
 # - **Exercise 1.1** — `ring_reduce_scatter(x, group=None)`: rank r's chunk r of the sum,
 #   chunks as `np.array_split(x.reshape(-1), n)`, in n - 1 ring steps; each rank sends
@@ -495,6 +557,9 @@ for size in (2**10, 2**16, 2**20, 2**24, 2**28, 2**32):
 # - A ring all-reduce sends 2(n-1)/n · S bytes per rank, the least any all-reduce can,
 #   and takes 2(n-1)·a + 2(n-1)/n · S/B: latency-bound for small S, bandwidth-bound for
 #   large S, and as slow as its slowest link and its latest rank.
+# - NCCL's send is rendezvous (it returns once the receiver has posted its recv), and so
+#   is minipar's: a ring where every rank sends before it receives hangs. Post both sides
+#   at once (isend, recv, wait) or alternate by parity.
 # - Inside a node the ring runs on NVLink (450 GB/s); across nodes on InfiniBand (50
 #   GB/s) — keep the chattiest collectives inside a node.
 # - algbw = S/t depends on n; busbw = algbw · 2(n-1)/n (all-reduce) or (n-1)/n

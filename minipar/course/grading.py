@@ -103,11 +103,18 @@ def expect_equal(received: Any, expected: Any, *, what: str, rank: Optional[int]
                            f"{hint}".rstrip())
 
 
+#: how checks launch a learner's code: rendezvous sends, as NCCL's (a ring that sends
+#: before it receives is the deadlock it would be on a cluster, not a pass), and a watchdog
+#: that names a rank which never comes back to minipar (an endless loop, a sleep)
+LAUNCH = {"sends": "rendezvous", "timeout": 30.0}
+
+
 def on_ranks(program: Callable, world_size: int, **launch_kw):
-    """mp.launch(program, world_size) for a check: an exercise's NotImplementedError or a
-    failed expectation inside a rank comes out as itself, noting the rank."""
+    """mp.launch(program, world_size) for a check, with LAUNCH's sends and timeout unless
+    given: an exercise's NotImplementedError or a failed expectation inside a rank comes
+    out as itself, noting the rank."""
     try:
-        return launch(program, world_size, **launch_kw)
+        return launch(program, world_size, **{**LAUNCH, **launch_kw})
     except RankFailedError as e:
         if isinstance(e.original, (NotImplementedError, AssertionError)):
             original = e.original

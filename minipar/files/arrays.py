@@ -20,6 +20,11 @@ One checkpoint, `save_arrays(path, arrays, meta)`, is a pair of files:
   - Native NumPy types (bool, signed/unsigned int, float, complex) are stored as
     themselves, in native byte order. Anything else (object, str, structured) is refused
     when saving: put strings and other small values in `meta`.
+  - Reading trusts nothing (npz.py): each member's header is checked against its size in
+    the zip and the zip's sizes against the file's before any data is read, then the .npz
+    against the sha256 and each header against its JSON entry; a damaged member is named
+    with its file and array. Saving refuses a target that is a directory, or lies under a
+    file or an unwritable directory, before writing anything.
   - Atomic writes: both files are written to temporary files in the target directory and
     moved into place with os.replace, the .npz first and the .json last. A crash leaves
     the old pair, or a new .npz beside the old .json, which the sha256 check refuses; never
@@ -36,9 +41,10 @@ from typing import IO, Any, Mapping, Optional
 import ml_dtypes
 import numpy as np
 
-from .atomic import (PathLike, VERSION, checkpoint_paths, json_bytes, read_json, replace_all,
-                     sha256, temp_file)
-from .errors import CheckpointError, PickledCheckpointError
+from .atomic import (PathLike, VERSION, check_writable, checkpoint_paths, json_bytes,
+                     read_json, replace_all, sha256, temp_file)
+from .errors import CheckpointError
+from .npz import members, open_npz, read_member, refuse_non_zip
 
 FORMAT = "minipar-checkpoint"
 
@@ -50,14 +56,6 @@ _ML_DTYPES = {name: np.dtype(getattr(ml_dtypes, name)) for name in (
 ) if hasattr(ml_dtypes, name)}
 _NATIVE_KINDS = "biufc"  # bool, signed int, unsigned int, float, complex
 
-
-
-def _pickle_refusal(file: Path, what: str) -> PickledCheckpointError:
-    return PickledCheckpointError(
-        f"checkpoint {file} holds a pickled object ({what}); minipar checkpoints never "
-        "unpickle, because unpickling can run arbitrary code. Re-save it with "
-        "minipar.files.save_arrays, from numeric arrays (put strings and other small "
-        "values in `meta`).")
 
 
 # ---- dtypes: what is stored, and what it means ----------------------------------------
@@ -93,50 +91,6 @@ def _dtype_named(name: Any, file: Path, key: str) -> np.dtype:
     return dt
 
 
-# ---- .npy headers, read without loading ----------------------------------------------
-def _npy_header(fp: IO[bytes], file: Path, member: str) -> tuple[tuple, np.dtype]:
-    """(shape, dtype) from a .npy header; the header is a literal, parsed without running code."""
-    try:
-        version = np.lib.format.read_magic(fp)
-        if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
-        elif version == (2, 0):
-            shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
-        else:
-            raise ValueError(f".npy format version {version} (minipar reads 1.0 and 2.0)")
-    except ValueError as e:
-        raise CheckpointError(f"{file}: member {member!r} is not a readable .npy array: {e}"
-                              ) from None
-    return shape, dtype
-
-
-def _refuse_pickles(npz: Path) -> None:
-    """Refuse, before loading anything, an .npz whose members need a pickle, or a non-zip."""
-    if not npz.is_file():
-        raise CheckpointError(f"checkpoint file {npz} does not exist; save_arrays writes "
-                              "<path>.npz and <path>.json, pass <path>")
-    if not zipfile.is_zipfile(npz):
-        with open(npz, "rb") as f:
-            head = f.read(6)
-        if head[:1] == b"\x80":
-            raise _pickle_refusal(npz, "the whole file is a pickle")
-        if head == b"\x93NUMPY":
-            with open(npz, "rb") as f:
-                _, dtype = _npy_header(f, npz, npz.name)
-            if dtype.hasobject:
-                raise _pickle_refusal(npz, "a single .npy array of dtype object")
-            raise CheckpointError(f"{npz} is a single .npy array, expected an .npz archive; "
-                                  "save it with minipar.files.save_arrays")
-        raise CheckpointError(f"{npz} is not an .npz (zip) archive; it is damaged or not a "
-                              "minipar checkpoint")
-    with zipfile.ZipFile(npz) as zf:
-        for member in zf.namelist():
-            with zf.open(member) as fp:
-                _, dtype = _npy_header(fp, npz, member)
-            if dtype.hasobject:
-                raise _pickle_refusal(npz, f"member {member!r} has dtype {dtype}")
-
-
 # ---- one checkpoint ------------------------------------------------------------------
 def write_checkpoint(path: PathLike, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any],
           compress: bool, extra: Optional[dict] = None) -> tuple[Path, Path]:
@@ -154,6 +108,7 @@ def write_checkpoint(path: PathLike, arrays: Mapping[str, np.ndarray], meta: Map
             raise CheckpointError(f"array {name!r} is a {type(a).__name__}, expected a NumPy "
                                   "array; wrap it with np.asarray(..., dtype=...)")
         stored[name], entries[name] = _encode(name, np.asarray(a))
+    check_writable(npz, js)
     npz.parent.mkdir(parents=True, exist_ok=True)
 
     def write_npz(f: IO[bytes]) -> None:
@@ -204,43 +159,53 @@ def read_checkpoint(path: PathLike) -> tuple[dict[str, np.ndarray], dict]:
 
 def _read_checkpoint(path: PathLike) -> tuple[dict[str, np.ndarray], dict]:
     npz, js = checkpoint_paths(path)
-    _refuse_pickles(npz)
-    doc = read_json(js, FORMAT)
-    entries = doc.get("arrays")
-    if not isinstance(entries, dict):
-        raise CheckpointError(f"{js} has no 'arrays' table; it is damaged")
-    if doc.get("npz_sha256") != sha256(npz):
-        raise CheckpointError(
-            f"{npz} does not match {js}: its sha256 differs from the one recorded there, so "
-            "the two files come from different saves (or one was edited). Re-save the "
-            "checkpoint, or restore the pair that belongs together.")
-    arrays = {}
-    with zipfile.ZipFile(npz) as zf:
-        members = {m.removesuffix(".npy"): m for m in zf.namelist()}
-        unlisted = sorted(members.keys() - entries.keys())
+    refuse_non_zip(npz)
+    with open_npz(npz) as zf:
+        found = members(zf, npz)  # headers only: pickles refused, sizes checked
+        doc = read_json(js, FORMAT)
+        entries = doc.get("arrays")
+        if not isinstance(entries, dict) or not isinstance(doc.get("meta"), dict):
+            raise CheckpointError(f"{js} has no 'arrays' or 'meta' table; it is damaged")
+        if doc.get("npz_sha256") != sha256(npz):
+            raise CheckpointError(
+                f"{npz} does not match {js}: its sha256 differs from the one recorded there, "
+                "so the two files come from different saves (or one was edited). Re-save the "
+                "checkpoint, or restore the pair that belongs together.")
+        unlisted = sorted(found.keys() - entries.keys())
         if unlisted:
             raise CheckpointError(f"{npz} holds arrays {unlisted} that {js} does not list; "
                                   "the two files do not describe the same checkpoint")
-        for name, entry in entries.items():
-            if name not in members:
-                raise CheckpointError(f"{js} lists array {name!r} but {npz} has no member "
-                                      f"{name + '.npy'!r}; the checkpoint is incomplete")
-            true_dtype = _dtype_named(entry.get("dtype"), js, name)
-            stored_dtype = _dtype_named(entry.get("stored_as", entry.get("dtype")), js, name)
-            if stored_dtype.itemsize != true_dtype.itemsize:
-                raise CheckpointError(f"{js} says array {name!r} is {true_dtype.name} stored as "
-                                      f"{stored_dtype.name}, which differ in width")
-            with zf.open(members[name]) as fp:
-                a = np.lib.format.read_array(fp, allow_pickle=False)
-            if a.dtype != stored_dtype:
-                raise CheckpointError(f"{js} says array {name!r} is stored as "
-                                      f"{stored_dtype.name}, but {npz} holds {a.dtype}")
-            if list(a.shape) != entry.get("shape"):
-                raise CheckpointError(f"{js} says array {name!r} has shape "
-                                      f"{entry.get('shape')}, but {npz} holds shape "
-                                      f"{list(a.shape)}")
-            arrays[name] = a.view(true_dtype) if true_dtype != stored_dtype else a
-    return arrays, doc
+        views = {name: _checked_entry(name, entry, found, npz, js)
+                 for name, entry in entries.items()}
+        # every header agrees with the JSON: only now is any array data read
+        arrays = {}
+        for name, true_dtype in views.items():
+            a = read_member(zf, found[name], npz)
+            arrays[name] = a.view(true_dtype) if true_dtype != a.dtype else a
+        return arrays, doc
+
+
+def _checked_entry(name: str, entry: Any, found: dict, npz: Path, js: Path) -> np.dtype:
+    """The true dtype of array `name`, once its JSON entry agrees with the member's header."""
+    if name not in found:
+        raise CheckpointError(f"{js} lists array {name!r} but {npz} has no member "
+                              f"{name + '.npy'!r}; the checkpoint is incomplete")
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{js}: the entry of array {name!r} is {entry!r}, expected "
+                              "{'shape': [...], 'dtype': ...}; it is damaged")
+    true_dtype = _dtype_named(entry.get("dtype"), js, name)
+    stored_dtype = _dtype_named(entry.get("stored_as", entry.get("dtype")), js, name)
+    if stored_dtype.itemsize != true_dtype.itemsize:
+        raise CheckpointError(f"{js} says array {name!r} is {true_dtype.name} stored as "
+                              f"{stored_dtype.name}, which differ in width")
+    m = found[name]
+    if m.dtype != stored_dtype:
+        raise CheckpointError(f"{js} says array {name!r} is stored as {stored_dtype.name}, "
+                              f"but {npz} holds {m.dtype}")
+    if list(m.shape) != entry.get("shape"):
+        raise CheckpointError(f"{js} says array {name!r} has shape {entry.get('shape')}, "
+                              f"but {npz} holds shape {list(m.shape)}")
+    return true_dtype
 
 
 def load_arrays(path: PathLike) -> tuple[dict[str, np.ndarray], dict]:

@@ -30,6 +30,34 @@ def checkpoint_paths(path: PathLike) -> tuple[Path, Path]:
     return p.parent / (p.name + ".npz"), p.parent / (p.name + ".json")
 
 
+def check_writable(*targets: Path) -> None:
+    """Refuse, before anything is written, a target that is a directory, under a parent
+    that is a file, or in a directory this process may not write; parents that do not exist
+    yet are created by the save."""
+    for target in targets:
+        if target.is_dir():
+            raise CheckpointError(f"cannot save {target}: it is a directory, and a checkpoint "
+                                  "file goes there; pass another path or remove the directory")
+        parent = target.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise CheckpointError(f"cannot save {target}: {parent} is a file, not a directory; "
+                                  "pass a path whose parents are directories (or do not exist)")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise CheckpointError(f"cannot save {target}: this process may not write in "
+                                  f"{parent}; pass a path in a writable directory")
+
+
+def check_writable_dir(d: Path) -> None:
+    """Refuse, before anything is written, a directory path that is a file (or lies under one)."""
+    if d.exists() and not d.is_dir():
+        raise CheckpointError(f"cannot save a sharded checkpoint into {d}: it is a file, and "
+                              "a sharded checkpoint is a directory; pass another path or "
+                              "remove the file")
+    check_writable(d / "index.json")
+
+
 def temp_file(target: Path, write: Callable[[IO[bytes]], None]) -> Path:
     """Write a temporary file beside `target` with `write(f)`; remove it if `write` raises."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -85,8 +113,8 @@ def read_json(file: Path, expected_format: str) -> dict:
         raise CheckpointError(f"checkpoint file {file} does not exist; expected it beside "
                               "the arrays, written by minipar.files")
     try:
-        doc = json.loads(file.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
+        doc = json.loads(file.read_bytes())
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"checkpoint file {file} is not valid JSON ({e}); it is damaged "
                               "or not a minipar checkpoint") from None
     if not isinstance(doc, dict) or doc.get("format") != expected_format:

@@ -5,6 +5,7 @@ every rank writes dirpath/rank{r:05d}.npz/.json with the arrays it holds, and ra
 writes dirpath/index.json:
 
     {"format": "minipar-sharded-checkpoint", "version": 1, "world_size": 3,
+     "save_id": "step-100",
      "files": ["rank00000", "rank00001", "rank00002"],
      "arrays": {
        "step":    {"full": true, "global_shape": [], "dtype": "int64"},
@@ -22,8 +23,11 @@ writes dirpath/index.json:
     with offsets[r] = r * shard_numel. `consolidate` concatenates the shards in rank
     order, drops the trailing padding and reshapes to global_shape.
 
-Every rank's own JSON also records its rank, the world size and the flat-sharded names, so
-a file from another save or another rank is caught. In a simulated run the ranks write
+Every rank's own JSON also records its rank, the world size, the flat-sharded names and
+the save's id, so a file from another save or another rank is caught. The ranks write
+without talking to each other, so the id is the caller's: the same string on every rank
+of one save (the step, a run id); with `save_id=None` a directory mixing two saves of the
+same world size and shapes cannot be told apart. In a simulated run the ranks write
 concurrently (each its own files); load only after every rank has saved (a barrier).
 """
 
@@ -37,7 +41,8 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from .arrays import read_checkpoint, save_arrays, write_checkpoint
-from .atomic import PathLike, VERSION, checkpoint_paths, json_bytes, read_json, replace_all, temp_file
+from .atomic import (PathLike, VERSION, check_writable_dir, checkpoint_paths, json_bytes,
+                     read_json, replace_all, temp_file)
 from .errors import CheckpointError
 
 SHARDED_FORMAT = "minipar-sharded-checkpoint"
@@ -52,19 +57,26 @@ def shard_file_stem(rank: int) -> str:
 def save_sharded(dirpath: PathLike, rank: int, world_size: int,
                  arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any],
                  sharded: Optional[Mapping[str, Sequence[int]]] = None,
-                 compress: bool = False) -> None:
+                 compress: bool = False, save_id: Optional[str] = None) -> None:
     """This rank's part of a sharded checkpoint: dirpath/rank{r:05d}.npz/.json; rank 0 also
     writes dirpath/index.json (layout in the module docstring).
 
     sharded: name -> global shape, for each array that is a flat shard (1-D, the same
     number of elements on every rank, world_size of them covering the flattened global
     array plus end padding); every other array is replicated ("full"). Every rank passes
-    the same `sharded`.
+    the same `sharded`. save_id: the same string on every rank of this save, recorded in
+    every file and the index, so that loading refuses a directory mixing two saves.
     """
     if not (isinstance(world_size, int) and world_size >= 1):
         raise CheckpointError(f"world_size must be an int >= 1, got {world_size!r}")
     if not (isinstance(rank, int) and 0 <= rank < world_size):
         raise CheckpointError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+    if save_id is not None and not isinstance(save_id, str):
+        raise CheckpointError(f"save_id must be a str (the same on every rank) or None, got "
+                              f"{save_id!r}")
+    if not isinstance(arrays, Mapping):
+        raise CheckpointError(f"arrays must be a dict of name -> np.ndarray, got "
+                              f"{type(arrays).__name__}")
     sharded = {k: [int(d) for d in v] for k, v in (sharded or {}).items()}
     unknown = sorted(sharded.keys() - arrays.keys())
     if unknown:
@@ -88,12 +100,14 @@ def save_sharded(dirpath: PathLike, rank: int, world_size: int,
                         "offsets": [r * a.size for r in range(world_size)],
                         "padding": world_size * a.size - g}
     d = Path(dirpath)
+    check_writable_dir(d)
     d.mkdir(parents=True, exist_ok=True)
     write_checkpoint(d / shard_file_stem(rank), arrays, meta, compress,
-          extra={"shard": {"rank": rank, "world_size": world_size, "sharded": sharded}})
+          extra={"shard": {"rank": rank, "world_size": world_size, "sharded": sharded,
+                           "save_id": save_id}})
     if rank == 0:
         index = {"format": SHARDED_FORMAT, "version": VERSION, "world_size": world_size,
-                 "files": [shard_file_stem(r) for r in range(world_size)],
+                 "save_id": save_id, "files": [shard_file_stem(r) for r in range(world_size)],
                  "arrays": layout, "meta": dict(meta)}
         body = json_bytes(index, str(d / INDEX_NAME))
         replace_all([(temp_file(d / INDEX_NAME, lambda f: f.write(body)), d / INDEX_NAME)])
@@ -103,32 +117,28 @@ def load_sharded(dirpath: PathLike) -> tuple[list[dict[str, np.ndarray]], dict]:
     """Every rank's arrays, in rank order, and the index; each file checked against it."""
     d = Path(dirpath)
     index = read_json(d / INDEX_NAME, SHARDED_FORMAT)
-    W, layout = index.get("world_size"), index.get("arrays")
-    if not (isinstance(W, int) and W >= 1 and isinstance(layout, dict)
-            and index.get("files") == [shard_file_stem(r) for r in range(W)]):
-        raise CheckpointError(f"{d / INDEX_NAME} is damaged: expected world_size >= 1, an "
-                              "'arrays' table and files rank00000 .. rank{world_size-1}")
-    for name, spec in layout.items():
-        needs = ["global_shape", "dtype"]
-        if not (isinstance(spec, dict) and spec.get("full")):
-            needs += ["global_numel", "shard_numel", "offsets", "padding"]
-        if not isinstance(spec, dict) or any(k not in spec for k in needs):
-            raise CheckpointError(f"{d / INDEX_NAME}: the entry of array {name!r} is damaged; "
-                                  f"expected the keys {needs}, got {spec!r}")
+    W, layout = _checked_index(index, d / INDEX_NAME)
     flat_shapes = {name: spec["global_shape"] for name, spec in layout.items()
                    if not spec.get("full")}
     shards = []
     for r in range(W):
         arrays, doc = read_checkpoint(d / shard_file_stem(r))
         file = checkpoint_paths(d / shard_file_stem(r))[1]
-        info = doc.get("shard", {})
+        info = doc.get("shard")
+        info = info if isinstance(info, dict) else {}
+        if info.get("save_id") != index.get("save_id"):
+            raise CheckpointError(f"{file} belongs to save {info.get('save_id')!r}, but "
+                                  f"{d / INDEX_NAME} to save {index.get('save_id')!r}: the "
+                                  "directory mixes files of two saves. Save again, or restore "
+                                  "the directory of one save")
         if info.get("rank") != r or info.get("world_size") != W:
             raise CheckpointError(f"{file} was written by rank {info.get('rank')} of "
                                   f"{info.get('world_size')}, but the index expects rank {r} "
                                   f"of {W}; the directory mixes two saves")
         if info.get("sharded") != flat_shapes:
             raise CheckpointError(f"{file} was saved with sharded={info.get('sharded')}, rank 0 "
-                                  f"with sharded={flat_shapes}; every rank must pass the same")
+                                  f"with sharded={flat_shapes}; every rank must pass the same (or "
+                                  "the directory mixes files of two saves)")
         if arrays.keys() != layout.keys():
             raise CheckpointError(f"{file} holds arrays {sorted(arrays)}, the index lists "
                                   f"{sorted(layout)}; every rank must save the same names")
@@ -141,6 +151,43 @@ def load_sharded(dirpath: PathLike) -> tuple[list[dict[str, np.ndarray]], dict]:
                                       f"shape {want}")
         shards.append(arrays)
     return shards, index
+
+
+def _is_shape(x: Any) -> bool:
+    return isinstance(x, list) and all(type(d) is int and d >= 0 for d in x)
+
+
+def _checked_index(index: dict, where: Path) -> tuple[int, dict]:
+    """(world_size, the arrays table) of an index, every field used checked first."""
+    W, layout, stems = index.get("world_size"), index.get("arrays"), index.get("files")
+    if not (type(W) is int and W >= 1 and isinstance(layout, dict) and isinstance(stems, list)
+            and len(stems) == W and stems == [shard_file_stem(r) for r in range(W)]):
+        raise CheckpointError(f"{where} is damaged: expected world_size >= 1, an 'arrays' "
+                              "table and files rank00000 .. rank{world_size-1}")
+    if not isinstance(index.get("save_id"), (str, type(None))):
+        raise CheckpointError(f"{where} is damaged: its save_id {index.get('save_id')!r} is "
+                              "not a string")
+    for name, spec in layout.items():
+        needs = ["global_shape", "dtype"]
+        if not (isinstance(spec, dict) and spec.get("full")):
+            needs += ["global_numel", "shard_numel", "offsets", "padding"]
+        if not isinstance(spec, dict) or any(k not in spec for k in needs):
+            raise CheckpointError(f"{where}: the entry of array {name!r} is damaged; "
+                                  f"expected the keys {needs}, got {spec!r}")
+        ok = _is_shape(spec["global_shape"]) and isinstance(spec["dtype"], str)
+        if ok and not spec.get("full"):
+            n, g = spec["shard_numel"], spec["global_numel"]
+            ok = (spec.get("axis") == 0 and type(n) is int and n >= 0
+                  and g == math.prod(spec["global_shape"])
+                  and spec["padding"] == W * n - g and W * n >= g
+                  and spec["offsets"] == [r * n for r in range(W)])
+        if not ok:
+            raise CheckpointError(
+                f"{where}: the entry of array {name!r} is damaged: {spec!r}; expected a "
+                "global_shape of sizes >= 0 and a dtype name, and for a flat shard axis 0, "
+                "global_numel = prod(global_shape), padding = world_size * shard_numel - "
+                "global_numel >= 0 and offsets r * shard_numel")
+    return W, layout
 
 
 def consolidate(dirpath: PathLike) -> dict[str, np.ndarray]:
@@ -156,7 +203,8 @@ def consolidate(dirpath: PathLike) -> dict[str, np.ndarray]:
                     raise CheckpointError(
                         f"{Path(dirpath)}: replicated array {name!r} differs between rank 0 "
                         f"and rank {r}; a replicated array must be identical on every rank "
-                        "(mark it as a flat shard in `sharded` if it is not replicated)")
+                        "(mark it as a flat shard in `sharded` if it is not replicated), "
+                        "or the directory mixes files of two saves (pass save_id= to tell)")
             full[name] = shards[0][name]
         else:
             flat = np.concatenate([s[name] for s in shards])

@@ -8,8 +8,9 @@ from .collectives import (ReduceOp, all_gather, all_reduce, all_to_all, all_to_a
                           reduce, reduce_scatter, scatter)
 from .context import Context, current, device
 from .device import DeviceSpec
-from .errors import (CollectiveMismatchError, CollectiveUsageError, DeadlockError,
-                     MiniparError, RankFailedError, SimulatedOutOfMemoryError, WorldAborted)
+from .errors import (CollectiveMismatchError, CollectiveTimeoutError, CollectiveUsageError,
+                     DeadlockError, MiniparError, RankFailedError, RankThreadError,
+                     SimulatedOutOfMemoryError, WorldAborted)
 from .group import ProcessGroup
 from .launch import launch
 from .ledger import CATEGORIES, MemoryLedger
@@ -23,8 +24,9 @@ __all__ = [
     "ReduceOp", "Work", "all_gather", "all_reduce", "all_to_all", "all_to_all_single",
     "barrier", "broadcast", "gather", "get_rank", "get_world_size", "irecv", "isend",
     "new_group", "recv", "reduce", "reduce_scatter", "scatter", "send", "Context", "current",
-    "device", "DeviceSpec", "CollectiveMismatchError", "CollectiveUsageError",
-    "DeadlockError", "MiniparError", "RankFailedError", "SimulatedOutOfMemoryError",
+    "device", "DeviceSpec", "CollectiveMismatchError", "CollectiveTimeoutError",
+    "CollectiveUsageError", "DeadlockError", "MiniparError", "RankFailedError",
+    "RankThreadError", "SimulatedOutOfMemoryError",
     "WorldAborted", "ProcessGroup", "LaunchResult", "launch", "CATEGORIES", "MemoryLedger",
     "DeviceMesh", "Link", "Topology", "init_device_mesh",
 ]

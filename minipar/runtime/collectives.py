@@ -28,12 +28,13 @@ import numpy as np
 
 from . import cost as cost_model
 from .backends.base import Call, Outcome
-from .context import Context, current
+from .checks import block, reducible, whole
+from .context import Context, rank_context
 from .errors import CollectiveUsageError
 from .group import ProcessGroup, make_group
 from .reference import check_op
 from .trace import Event
-from .work import Work, as_array, call_site
+from .work import Work, call_site
 
 
 class ReduceOp(str, Enum):
@@ -49,21 +50,27 @@ class ReduceOp(str, Enum):
 # ---- groups ---------------------------------------------------------------------------
 def get_rank(group: Optional[ProcessGroup] = None) -> int:
     """This rank's global rank, or its position in `group`."""
-    ctx = current()
+    ctx = rank_context("get_rank")
     return ctx.rank if group is None else group.group_rank(ctx.rank)
 
 
 def get_world_size(group: Optional[ProcessGroup] = None) -> int:
-    return current().world_size if group is None else group.size
+    return rank_context("get_world_size").world_size if group is None else group.size
 
 
 def new_group(ranks: Sequence[int], name: Optional[str] = None) -> ProcessGroup:
     """A group over global `ranks` (sorted); identified by its name and ranks."""
-    return make_group(ranks, current().world_size, name)
+    return make_group(ranks, rank_context("new_group").world_size, name)
 
 
 def _member(ctx: Context, group: Optional[ProcessGroup], kind: str) -> ProcessGroup:
     g = ctx.world if group is None else group
+    if not isinstance(g, ProcessGroup):
+        raise CollectiveUsageError(
+            f"rank {ctx.rank}: {kind} got group={g!r} ({type(g).__name__}); pass a "
+            "ProcessGroup (from mp.new_group, a DeviceMesh or ParallelGroups), or None for "
+            "the whole world")
+    g.check_world(ctx.world_size, ctx.rank, kind)
     if ctx.rank not in g:
         raise CollectiveUsageError(
             f"rank {ctx.rank} called {kind} on group {g}, which it is not a member of: "
@@ -73,6 +80,10 @@ def _member(ctx: Context, group: Optional[ProcessGroup], kind: str) -> ProcessGr
 
 
 def _root(ctx: Context, g: ProcessGroup, root: int, what: str, kind: str) -> int:
+    if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer, float)):
+        raise CollectiveUsageError(
+            f"rank {ctx.rank}: {kind} got {what}={root!r} ({type(root).__name__}); {what} is "
+            f"a global rank, an int, one of {list(g.ranks)}")
     if root not in g:
         raise CollectiveUsageError(
             f"rank {ctx.rank}: {kind} got {what}={root}, which is not in group {g}; "
@@ -152,6 +163,10 @@ def _size_from(kind: str, result: Any, n: int) -> float:
 
 
 def _axis(x: np.ndarray, axis: int, ctx: Context, kind: str) -> int:
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+        raise CollectiveUsageError(
+            f"rank {ctx.rank}: {kind} got axis={axis!r} ({type(axis).__name__}); axis is an "
+            f"int in [{-x.ndim}, {x.ndim}) for an array of shape {x.shape}")
     if not -x.ndim <= axis < x.ndim:
         raise CollectiveUsageError(
             f"rank {ctx.rank}: {kind} along axis {axis} of an array of shape {x.shape}: "
@@ -163,8 +178,9 @@ def _axis(x: np.ndarray, axis: int, ctx: Context, kind: str) -> int:
 def all_reduce(x, op: str = "sum", group: Optional[ProcessGroup] = None,
                async_op: bool = False):
     """out = x_0 op x_1 op ... op x_{n-1} on every rank (see reference.all_reduce_ref)."""
-    ctx = current()
-    g, x = _member(ctx, group, "all_reduce"), as_array(x, ctx, "all_reduce")
+    ctx = rank_context("all_reduce")
+    g, x = _member(ctx, group, "all_reduce"), block(x, ctx.rank, "all_reduce")
+    reducible(x, ctx.rank, "all_reduce", g)
     op = check_op(op, x.dtype)
     return _issue(ctx, "all_reduce", g, x, {"op": op},
                   {"shape": x.shape, "dtype": x.dtype, "op": op},
@@ -174,8 +190,8 @@ def all_reduce(x, op: str = "sum", group: Optional[ProcessGroup] = None,
 def all_gather(x, axis: int = 0, group: Optional[ProcessGroup] = None,
                async_op: bool = False):
     """out = concat(x_0, ..., x_{n-1}) along `axis` on every rank; equal shapes required."""
-    ctx = current()
-    g, x = _member(ctx, group, "all_gather"), as_array(x, ctx, "all_gather")
+    ctx = rank_context("all_gather")
+    g, x = _member(ctx, group, "all_gather"), block(x, ctx.rank, "all_gather")
     axis = _axis(x, axis, ctx, "all_gather")
     total = x.nbytes * g.size
     return _issue(ctx, "all_gather", g, x, {"axis": axis},
@@ -186,9 +202,10 @@ def all_gather(x, axis: int = 0, group: Optional[ProcessGroup] = None,
 def reduce_scatter(x, op: str = "sum", axis: int = 0, group: Optional[ProcessGroup] = None,
                    async_op: bool = False):
     """out_i = i-th of n equal chunks (along `axis`) of x_0 op ... op x_{n-1}."""
-    ctx = current()
-    g, x = _member(ctx, group, "reduce_scatter"), as_array(x, ctx, "reduce_scatter")
+    ctx = rank_context("reduce_scatter")
+    g, x = _member(ctx, group, "reduce_scatter"), block(x, ctx.rank, "reduce_scatter")
     axis = _axis(x, axis, ctx, "reduce_scatter")
+    reducible(x, ctx.rank, "reduce_scatter", g)
     op = check_op(op, x.dtype)
     if x.shape[axis] % g.size:
         raise CollectiveUsageError(
@@ -202,10 +219,10 @@ def reduce_scatter(x, op: str = "sum", axis: int = 0, group: Optional[ProcessGro
 
 def broadcast(x, src: int, group: Optional[ProcessGroup] = None, async_op: bool = False):
     """out = x_src on every rank. Other ranks may pass None or a buffer of the same shape."""
-    ctx = current()
+    ctx = rank_context("broadcast")
     g = _member(ctx, group, "broadcast")
     s = _root(ctx, g, src, "src", "broadcast")
-    x = None if x is None else np.asarray(x)
+    x = None if x is None else block(x, ctx.rank, "broadcast")
     if ctx.rank == src and x is None:
         raise CollectiveUsageError(f"rank {ctx.rank} is the broadcast source but passed None")
 
@@ -225,9 +242,10 @@ def broadcast(x, src: int, group: Optional[ProcessGroup] = None, async_op: bool 
 def reduce(x, dst: int, op: str = "sum", group: Optional[ProcessGroup] = None,
            async_op: bool = False):
     """out = x_0 op ... op x_{n-1} on rank `dst`; None on the other ranks."""
-    ctx = current()
-    g, x = _member(ctx, group, "reduce"), as_array(x, ctx, "reduce")
+    ctx = rank_context("reduce")
+    g, x = _member(ctx, group, "reduce"), block(x, ctx.rank, "reduce")
     d = _root(ctx, g, dst, "dst", "reduce")
+    reducible(x, ctx.rank, "reduce", g)
     op = check_op(op, x.dtype)
     return _issue(ctx, "reduce", g, x, {"dst": d, "op": op},
                   {"shape": x.shape, "dtype": x.dtype, "op": op, "dst": dst},
@@ -236,8 +254,8 @@ def reduce(x, dst: int, op: str = "sum", group: Optional[ProcessGroup] = None,
 
 def gather(x, dst: int, group: Optional[ProcessGroup] = None, async_op: bool = False):
     """out = [x_0, ..., x_{n-1}] on rank `dst`; None elsewhere. Equal shapes required."""
-    ctx = current()
-    g, x = _member(ctx, group, "gather"), as_array(x, ctx, "gather")
+    ctx = rank_context("gather")
+    g, x = _member(ctx, group, "gather"), block(x, ctx.rank, "gather")
     d = _root(ctx, g, dst, "dst", "gather")
     total = x.nbytes * g.size
     return _issue(ctx, "gather", g, x, {"dst": d},
@@ -248,17 +266,18 @@ def gather(x, dst: int, group: Optional[ProcessGroup] = None, async_op: bool = F
 def scatter(pieces: Optional[Sequence], src: int, group: Optional[ProcessGroup] = None,
             async_op: bool = False):
     """out_i = pieces[i] from rank `src`; the other ranks pass None. Equal shapes required."""
-    ctx = current()
+    ctx = rank_context("scatter")
     g = _member(ctx, group, "scatter")
     s = _root(ctx, g, src, "src", "scatter")
     payload = None
     if ctx.rank == src:
-        if pieces is None or len(pieces) != g.size:
-            got = "None" if pieces is None else f"{len(pieces)} pieces"
+        if not hasattr(pieces, "__len__") or len(pieces) != g.size:
+            got = (f"{len(pieces)} pieces" if hasattr(pieces, "__len__")
+                   else type(pieces).__name__)
             raise CollectiveUsageError(
                 f"rank {ctx.rank}: scatter source must pass one piece per rank of group {g} "
                 f"({g.size}), got {got}")
-        payload = [np.asarray(p) for p in pieces]
+        payload = [block(p, ctx.rank, f"scatter piece {i}") for i, p in enumerate(pieces)]
         shapes = {(p.shape, p.dtype) for p in payload}
         if len(shapes) != 1:
             raise CollectiveUsageError(
@@ -272,13 +291,17 @@ def scatter(pieces: Optional[Sequence], src: int, group: Optional[ProcessGroup] 
 def all_to_all(pieces: Sequence, group: Optional[ProcessGroup] = None,
                async_op: bool = False) -> Any:
     """out[j] = rank j's pieces[i] on rank i: piece i goes to group rank i (sizes may differ)."""
-    ctx = current()
+    ctx = rank_context("all_to_all")
     g = _member(ctx, group, "all_to_all")
+    if pieces is None or isinstance(pieces, (str, bytes)) or not hasattr(pieces, "__len__"):
+        raise CollectiveUsageError(
+            f"rank {ctx.rank}: all_to_all on group {g} needs a list of {g.size} pieces, one "
+            f"per rank, got {type(pieces).__name__}")
     if len(pieces) != g.size:
         raise CollectiveUsageError(
             f"rank {ctx.rank}: all_to_all on group {g} needs one piece per rank "
             f"({g.size}), got {len(pieces)}")
-    pieces = [np.asarray(p) for p in pieces]
+    pieces = [block(p, ctx.rank, f"all_to_all piece {i}") for i, p in enumerate(pieces)]
     dtypes = {p.dtype for p in pieces}
     if len(dtypes) != 1:
         raise CollectiveUsageError(f"rank {ctx.rank}: all_to_all pieces must share one dtype, "
@@ -292,8 +315,8 @@ def all_to_all_single(x, input_split_sizes: Optional[Sequence[int]] = None, axis
                       group: Optional[ProcessGroup] = None, async_op: bool = False):
     """Cut x along `axis` into pieces of `input_split_sizes` (equal if None), send piece i
     to group rank i, and concatenate what arrives in group-rank order."""
-    ctx = current()
-    g, x = _member(ctx, group, "all_to_all_single"), as_array(x, ctx, "all_to_all_single")
+    ctx = rank_context("all_to_all_single")
+    g, x = _member(ctx, group, "all_to_all_single"), block(x, ctx.rank, "all_to_all_single")
     axis = _axis(x, axis, ctx, "all_to_all_single")
     n = g.size
     if input_split_sizes is None:
@@ -303,7 +326,10 @@ def all_to_all_single(x, input_split_sizes: Optional[Sequence[int]] = None, axis
                 f"equally over {n} ranks, but {x.shape[axis]} is not divisible by {n}; "
                 "pass input_split_sizes for uneven splits")
         input_split_sizes = [x.shape[axis] // n] * n
-    splits = [int(s) for s in input_split_sizes]
+    try:
+        splits = [whole(s, "each of input_split_sizes", minimum=0) for s in input_split_sizes]
+    except (TypeError, ValueError) as e:
+        raise CollectiveUsageError(f"rank {ctx.rank}: all_to_all_single: {e}") from None
     if len(splits) != n or sum(splits) != x.shape[axis] or min(splits) < 0:
         raise CollectiveUsageError(
             f"rank {ctx.rank}: input_split_sizes {splits} must have {n} non-negative entries "
@@ -319,6 +345,6 @@ def all_to_all_single(x, input_split_sizes: Optional[Sequence[int]] = None, axis
 
 def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False):
     """Every rank leaves after every rank of the group has arrived."""
-    ctx = current()
+    ctx = rank_context("barrier")
     g = _member(ctx, group, "barrier")
     return _issue(ctx, "barrier", g, None, {}, {}, 0, 0.0, async_op)

@@ -3,6 +3,11 @@
 Every simulated device runs in its own thread with one `Context`; `current()` returns the
 calling thread's. Outside `launch`, a thread gets a default single device (rank 0 of a
 world of one, an H100), so single-device code runs and is charged the same way.
+
+A thread that a rank starts does not inherit the rank's context (thread-local state never
+crosses threads). Communication from such a thread is refused (`rank_context`): the
+rendezvous matches calls by rank and call order, and a default world of one would hand the
+worker its own input back as if it were the group's answer.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Iterator, Optional
 from .backends.sim import SimWorld
 from .clock import Clock
 from .device import DeviceSpec
+from .errors import RankThreadError
 from .group import ProcessGroup
 from .ledger import MemoryLedger
 from .topology import Topology
@@ -34,7 +40,7 @@ class Context:
         self.trace = Trace(rank)
         self.backend = backend
         self.algorithm = algorithm  # default collective algorithm for the cost model
-        self.world = ProcessGroup(tuple(range(world_size)), "world")
+        self.world = ProcessGroup(tuple(range(world_size)), "world", world_size)
         self.pending: dict = {}  # group key -> last collective issued, timing not yet known
         self.cost_cache: dict = {}  # memoised cost-model answers (see collectives._cost)
 
@@ -61,6 +67,8 @@ class Context:
 
 
 _local = threading.local()
+_ranks_lock = threading.Lock()
+_rank_threads: dict[int, Context] = {}  # thread ident -> context, for threads running a rank
 
 
 def current() -> Context:
@@ -73,7 +81,44 @@ def current() -> Context:
 
 
 def set_current(ctx: Optional[Context]) -> None:
+    """Bind (or, with None, unbind) the calling thread to a rank's context; launchers call it."""
     _local.ctx = ctx
+    with _ranks_lock:
+        if ctx is None:
+            _rank_threads.pop(threading.get_ident(), None)
+        else:
+            _rank_threads[threading.get_ident()] = ctx
+
+
+def rank_context(kind: str) -> Context:
+    """The context a communication call runs on; refuses a thread that is not a rank while
+    a launch is running (a thread some rank started: it has no context of its own)."""
+    ctx = getattr(_local, "ctx", None)
+    if ctx is not None:
+        return ctx
+    if threading.current_thread() is threading.main_thread():
+        return current()
+    with _ranks_lock:
+        running = sorted(_rank_threads.values(), key=lambda c: c.rank)
+    if not running:
+        return current()
+    here = threading.current_thread().name
+    sizes = "/".join(str(n) for n in sorted({c.world_size for c in running}))
+    error = RankThreadError(
+        f"{kind} was called from thread {here!r}, which is not a rank: a launch of {sizes} "
+        f"ranks is running in threads minipar-rank-N, so this is probably a thread a rank "
+        f"started. It does not inherit its rank's context, and collectives are matched by "
+        f"rank and call order: on a world of its own it would get its own input back as the "
+        f"group's answer. Communicate from the rank's own thread: let the worker compute, "
+        f"join it (or wait on its future), then call {kind} from the rank. (In "
+        f"torch.distributed, two threads calling collectives on one group may order them "
+        f"differently on different ranks, and NCCL hangs.)")
+    worlds_running = {id(c.backend): c.backend for c in running}
+    if len(worlds_running) == 1:  # the launch fails too, even if the thread's error is lost
+        backend = next(iter(worlds_running.values()))
+        if hasattr(backend, "fail"):
+            backend.fail(error)
+    raise error
 
 
 def single_device(device: Optional[DeviceSpec] = None) -> Context:

@@ -14,6 +14,8 @@ from typing import Mapping
 
 import numpy as np
 
+from .checks import positive, whole
+
 GB = 10**9
 TFLOPS = 10**12
 
@@ -33,6 +35,17 @@ class DeviceSpec:
     peak_flops: Mapping[str, float] = field(repr=False)
     memory_bytes: int
 
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise TypeError(f"a DeviceSpec's name is a string, got {self.name!r}")
+        if not isinstance(self.peak_flops, Mapping) or not self.peak_flops:
+            raise TypeError(f"DeviceSpec {self.name!r}: peak_flops maps dtype names to FLOP/s, "
+                            f"e.g. {{'float32': 494e12}}, got {self.peak_flops!r}")
+        for key, rate in self.peak_flops.items():
+            positive(rate, f"DeviceSpec {self.name!r}: peak_flops[{key!r}] (FLOP/s)")
+        object.__setattr__(self, "memory_bytes", whole(
+            self.memory_bytes, f"DeviceSpec {self.name!r}: memory_bytes (its capacity)"))
+
     def peak(self, dtype) -> float:
         """Peak FLOP/s for `dtype`; a clear error for a dtype the spec does not list."""
         key = dtype_key(dtype)
@@ -45,7 +58,7 @@ class DeviceSpec:
 
     def with_memory(self, memory_bytes: int) -> "DeviceSpec":
         """The same device with a different capacity (to provoke or avoid an OOM)."""
-        return DeviceSpec(self.name, self.peak_flops, int(memory_bytes))
+        return DeviceSpec(self.name, self.peak_flops, memory_bytes)  # checked: whole, >= 1
 
     # ---- presets -------------------------------------------------------------------
     @staticmethod

@@ -20,8 +20,17 @@ class CollectiveMismatchError(MiniparError):
     at the same call index of that group."""
 
 
+class RankThreadError(MiniparError, RuntimeError):
+    """A communication call came from a thread that is not a rank of the running launch."""
+
+
 class DeadlockError(MiniparError):
     """Every live rank is blocked and nothing any of them waits for can ever happen."""
+
+
+class CollectiveTimeoutError(MiniparError, TimeoutError):
+    """A wait ran out of time: `launch(..., timeout=)` saw no progress for that long while
+    ranks waited (NCCL's watchdog), or `Work.wait(timeout=)` expired."""
 
 
 class SimulatedOutOfMemoryError(MiniparError, MemoryError):

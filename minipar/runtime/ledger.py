@@ -25,6 +25,9 @@ CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "com
 
 def nbytes_of(x: Union[int, float, np.ndarray]) -> int:
     """Bytes of an array (its `nbytes`) or an explicit byte count (int, or a whole float)."""
+    if x is None or isinstance(x, (bool, np.bool_, str, bytes)):
+        raise TypeError(f"an allocation's size is an array or a number of bytes, got "
+                        f"{type(x).__name__} {x!r}")
     if isinstance(x, (int, np.integer)):
         if x < 0:
             raise ValueError(f"an allocation cannot have a negative size, got {x} bytes")
@@ -58,6 +61,14 @@ class MemoryLedger:
 
     def __init__(self, capacity: Optional[int] = None, device_name: str = "device",
                  rank: int = 0):
+        if capacity is not None:  # None: no limit
+            if isinstance(capacity, (bool, np.bool_)) or not isinstance(
+                    capacity, (int, float, np.integer, np.floating)) or not (
+                    capacity >= 0 and float(capacity).is_integer()):
+                raise ValueError(
+                    f"rank {rank}: a memory ledger's capacity is a whole number of bytes "
+                    f">= 0 (or None for no limit), got {capacity!r}")
+            capacity = int(capacity)
         self.capacity = capacity
         self.device_name = device_name
         self.rank = rank

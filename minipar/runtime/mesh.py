@@ -11,10 +11,12 @@ tp fastest, which keeps a tensor-parallel group on consecutive ranks, inside one
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
 
+from .checks import MAX_RANKS, whole
 from .group import ProcessGroup
 
 
@@ -22,15 +24,24 @@ class DeviceMesh:
     """Named dimensions over ranks 0..prod(shape)-1, last dimension fastest."""
 
     def __init__(self, shape: Sequence[int], mesh_dim_names: Sequence[str]):
-        shape = tuple(int(s) for s in shape)
+        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+            raise TypeError(f"a mesh shape is a tuple of sizes like (2, 4), got "
+                            f"{type(shape).__name__} {shape!r}")
+        if (isinstance(mesh_dim_names, str) or not hasattr(mesh_dim_names, "__iter__")
+                or not all(isinstance(n, str) for n in mesh_dim_names)):
+            raise TypeError(f"mesh_dim_names is a tuple of strings like ('dp', 'tp'), got "
+                            f"{mesh_dim_names!r}")
+        shape = tuple(whole(s, f"mesh dimension {i} of shape {tuple(shape)!r}")
+                      for i, s in enumerate(shape))
         names = tuple(mesh_dim_names)
         if len(shape) != len(names):
             raise ValueError(f"mesh shape {shape} has {len(shape)} dimensions but "
                              f"{len(names)} names {names} were given")
         if len(set(names)) != len(names):
             raise ValueError(f"mesh dimension names must be distinct, got {names}")
-        if any(s < 1 for s in shape):
-            raise ValueError(f"every mesh dimension needs size >= 1, got {shape}")
+        if math.prod(shape) > MAX_RANKS:  # Python ints: no overflow
+            raise ValueError(f"mesh {shape} covers {math.prod(shape)} ranks, more than "
+                             f"minipar lays out ({MAX_RANKS}); is it a typo?")
         self.shape = shape
         self.mesh_dim_names = names
         self.grid = np.arange(int(np.prod(shape))).reshape(shape)  # grid[coord] = rank
@@ -44,6 +55,7 @@ class DeviceMesh:
 
     def coordinate(self, rank: int) -> dict[str, int]:
         """{dim name: index} of `rank` in the mesh."""
+        self._check_rank(rank)
         coord = np.unravel_index(rank, self.shape)
         return {n: int(c) for n, c in zip(self.mesh_dim_names, coord)}
 
@@ -55,10 +67,17 @@ class DeviceMesh:
 
     def get_group(self, name: str, rank: int) -> ProcessGroup:
         """The group along dimension `name` that contains `rank`."""
+        self._check_rank(rank)
         for g in self.groups(name):
             if rank in g:
                 return g
         raise ValueError(f"rank {rank} is not in this mesh of {self.size} ranks")
+
+    def _check_rank(self, rank) -> None:
+        if (isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer))
+                or not 0 <= rank < self.size):
+            raise ValueError(f"rank {rank!r} is not in this mesh of {self.size} ranks "
+                             f"(valid ranks are 0..{self.size - 1})")
 
     def _axis(self, name: str) -> int:
         if name not in self.mesh_dim_names:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .checks import MAX_RANKS, positive, whole
 from .device import DeviceSpec, GB
 
 US = 1e-6
@@ -25,6 +26,12 @@ class Link:
     name: str
     bandwidth: float  # bytes per second, one direction
     latency: float  # seconds
+
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise TypeError(f"a Link's name is a string, got {self.name!r}")
+        positive(self.bandwidth, f"Link {self.name!r} bandwidth (bytes/s)")
+        positive(self.latency, f"Link {self.name!r} latency (seconds)", allow_zero=True)
 
     def time(self, nbytes: float) -> float:
         """t(V) = alpha + V / B."""
@@ -68,11 +75,20 @@ class Topology:
     inter: Link = field(default_factory=Link.infiniband_ndr)
 
     def __post_init__(self):
-        if self.num_nodes < 1 or self.gpus_per_node < 1:
-            raise ValueError(
-                f"a topology needs at least one node of at least one device, got "
-                f"num_nodes={self.num_nodes}, gpus_per_node={self.gpus_per_node}"
-            )
+        for what in ("num_nodes", "gpus_per_node"):  # whole numbers: a rank sits on one node
+            object.__setattr__(self, what, whole(
+                getattr(self, what), f"Topology({what}={getattr(self, what)!r}): {what}",
+                maximum=MAX_RANKS))
+        if self.num_nodes * self.gpus_per_node > MAX_RANKS:
+            raise ValueError(f"Topology of {self.num_nodes} x {self.gpus_per_node} = "
+                             f"{self.num_nodes * self.gpus_per_node} devices is more than "
+                             f"minipar lays out ({MAX_RANKS}); is it a typo?")
+        for what, kind, e in (("device", DeviceSpec, "DeviceSpec.h100_sxm()"),
+                              ("intra", Link, "Link.nvlink4()"),
+                              ("inter", Link, "Link.infiniband_ndr()")):
+            if not isinstance(getattr(self, what), kind):
+                raise TypeError(f"Topology({what}=...) takes a {kind.__name__} such as {e}, "
+                                f"got {type(getattr(self, what)).__name__}")
 
     @staticmethod
     def nodes(num_nodes: int, gpus_per_node: int = 8, device: DeviceSpec | None = None,

@@ -1,16 +1,20 @@
 """What every communication call shares: the `Work` handle of an operation in flight, the
-call site named in diagnoses, and the check that an argument is an array."""
+call site named in diagnoses, and the checks that an argument is an array or a timeout."""
 
 from __future__ import annotations
 
+import datetime
+import math
 import os
 import sys
+import time
 from typing import Any, Optional
 
 import numpy as np
 
+from .checks import block
 from .context import Context
-from .errors import CollectiveUsageError
+from .errors import CollectiveTimeoutError, CollectiveUsageError
 
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -32,7 +36,24 @@ class Work:
             # the result is freed as soon as the caller drops it, not at the next gc pass
         return self._done
 
-    def wait(self) -> Any:
+    def wait(self, timeout=None) -> Any:
+        """The result, once the operation is done. `timeout` (seconds, or a timedelta as
+        torch takes): raise CollectiveTimeoutError if it is not done in that much wall
+        time, as torch's `Work.wait(timeout)` does."""
+        if timeout is not None and self._done is None:
+            seconds = check_timeout(timeout, "Work.wait(timeout=...)")
+            deadline = getattr(self._ctx.backend, "deadline", None)
+            if deadline is not None:
+                with deadline(self._ctx.rank, seconds):
+                    self._resolve()
+            else:  # a backend without deadlines (mpi): poll until done or out of time
+                end = time.monotonic() + seconds
+                while not self.is_completed():
+                    if time.monotonic() > end:
+                        raise CollectiveTimeoutError(
+                            f"rank {self._ctx.rank}: Work.wait(timeout={seconds:g}) expired "
+                            "before the operation completed")
+                    time.sleep(1e-3)
         result, end = self._resolve()
         self._ctx.clock.wait_until(end)
         if self._on_wait is not None:
@@ -70,6 +91,17 @@ def call_site() -> str:
 
 def as_array(x: Any, ctx: Context, kind: str) -> np.ndarray:
     """x as an ndarray, or a CollectiveUsageError naming the rank and the call."""
-    if x is None:
-        raise CollectiveUsageError(f"rank {ctx.rank}: {kind} needs an array, got None")
-    return np.asarray(x)
+    return block(x, ctx.rank, kind)  # not None, ragged or objects: see runtime/checks.py
+
+
+def check_timeout(timeout: Any, what: str) -> float:
+    """A timeout in seconds (a number or a datetime.timedelta) as a positive finite float."""
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    ok = (isinstance(timeout, (int, float, np.integer, np.floating))
+          and not isinstance(timeout, bool))
+    if not ok or not math.isfinite(timeout) or timeout <= 0:
+        raise CollectiveUsageError(
+            f"{what} got {timeout!r}: a timeout is a positive, finite number of seconds (or "
+            "a datetime.timedelta); pass None for no timeout")
+    return float(timeout)

@@ -15,14 +15,24 @@ Each runtime `Event` becomes one *complete* event
 (the format's timestamps are microseconds; simulated seconds are multiplied by 1e6), and
 metadata events ("ph": "M") name every process "rank N (node K)" and every thread after
 its stream, so Perfetto shows labelled rows in rank order.
+
+Collectives get one track per process group on each rank: NCCL runs each communicator
+on its own stream, so a tensor-parallel all-reduce and a data-parallel reduce-scatter in
+flight at once are concurrent, not nested. The world group keeps the "comm" track; every
+other group gets a track "comm <name> [ranks]" whose tid is the same in every process.
+
+Several launches (the parts of `minipar tour`, each with its clock from 0) go into one
+file with `one_after_another(runs)`: each run's events shifted to start after the one
+before, and `sections` that `to_chrome_trace` marks with a global instant event each.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -32,6 +42,7 @@ from ..runtime.trace import Event
 # One fixed thread id per runtime stream, the same in every process and every file.
 STREAM_TIDS = {"compute": 0, "comm": 1, "p2p": 2, "recv": 3}
 _FIRST_OTHER_TID = 16  # streams the runtime does not know get ids from here, by name
+_FIRST_GROUP_TID = 100  # a process group's own "comm" track, from here, by (name, ranks)
 
 US_PER_SECOND = 1e6
 
@@ -78,9 +89,48 @@ def _args(e: Event) -> dict:
     return {k: v for k, v in safe.items() if v is not None}
 
 
-def _tids(streams: Iterable[str]) -> dict[str, int]:
-    other = sorted(set(streams) - set(STREAM_TIDS))
-    return {**STREAM_TIDS, **{s: _FIRST_OTHER_TID + i for i, s in enumerate(other)}}
+def _track(e: Event) -> tuple:
+    """The track an event is drawn on: its stream, and for a collective outside the world
+    group, that group (its name and ranks)."""
+    if e.stream == "comm" and e.group is not None and e.label != "world":
+        return (e.stream, e.label, tuple(e.group))
+    return (e.stream,)
+
+
+def _track_name(track: tuple) -> str:
+    return track[0] if len(track) == 1 else f"{track[0]} {track[1]} {list(track[2])}"
+
+
+def _tids(tracks: Iterable[tuple]) -> dict[tuple, int]:
+    tracks = set(tracks)
+    other = sorted({t[0] for t in tracks} - set(STREAM_TIDS))
+    tids = {(s,): tid for s, tid in STREAM_TIDS.items()}
+    tids.update({(s,): _FIRST_OTHER_TID + i for i, s in enumerate(other)})
+    groups = sorted(t for t in tracks if len(t) > 1)
+    tids.update({t: _FIRST_GROUP_TID + i for i, t in enumerate(groups)})
+    return tids
+
+
+def one_after_another(runs: Sequence[tuple[str, Sequence[Event]]], gap: float = 0.01
+                      ) -> tuple[list[Event], list[tuple[str, float]]]:
+    """Lay runs that each start their clock at 0 on one time axis: run k's events shifted
+    by the end of run k-1 plus `gap` x the longest run (seconds). Returns the shifted
+    copies and the sections [(label, start)] for `to_chrome_trace(sections=...)`."""
+    longest = max((max((e.end for e in evs), default=0.0) for _, evs in runs), default=0.0)
+    space = gap * longest
+    events: list[Event] = []
+    sections: list[tuple[str, float]] = []
+    t0 = 0.0
+    for label, evs in runs:
+        sections.append((label, t0))
+        for e in evs:
+            meta = dict(e.meta)
+            if "issued" in meta:
+                meta["issued"] = meta["issued"] + t0
+            events.append(dataclasses.replace(e, start=e.start + t0, end=e.end + t0,
+                                              meta=meta))
+        t0 += max((e.end for e in evs), default=0.0) + space
+    return events, sections
 
 
 def _unpack(events) -> tuple[list[Event], Optional[Topology], Optional[int]]:
@@ -94,20 +144,23 @@ def _unpack(events) -> tuple[list[Event], Optional[Topology], Optional[int]]:
 
 def to_chrome_trace(events: Union[Iterable[Event], Any], path: Optional[Union[str, os.PathLike]] = None,
                     topology: Optional[Topology] = None,
-                    world_size: Optional[int] = None) -> dict:
+                    world_size: Optional[int] = None,
+                    sections: Sequence[tuple[str, float]] = ()) -> dict:
     """The trace as a Trace Event Format dict; also written to `path` when given.
 
     events:     runtime Events (e.g. `launch(...).events()`), or the LaunchResult itself
     topology:   names each process "rank N (node K)" (taken from a LaunchResult if omitted)
     world_size: also name ranks that recorded no event
+    sections:   (label, start in seconds) of the parts of a run, each drawn as a global
+                instant event (a line across every row), e.g. from `one_after_another`
     """
     evs, topo, ws = _unpack(events)
     topology = topology or topo
     world_size = world_size if world_size is not None else ws
-    tids = _tids(e.stream for e in evs)
+    tids = _tids(_track(e) for e in evs)
 
     ranks = {e.rank for e in evs} | set(range(world_size or 0))
-    threads = sorted({(e.rank, e.stream) for e in evs}, key=lambda rs: (rs[0], tids[rs[1]]))
+    threads = sorted({(e.rank, _track(e)) for e in evs}, key=lambda rt: (rt[0], tids[rt[1]]))
 
     trace: list[dict] = []
     for r in sorted(ranks):
@@ -116,11 +169,14 @@ def to_chrome_trace(events: Union[Iterable[Event], Any], path: Optional[Union[st
                       "args": {"name": name}})
         trace.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0,
                       "args": {"sort_index": r}})
-    for r, stream in threads:
-        trace.append({"ph": "M", "name": "thread_name", "pid": r, "tid": tids[stream],
-                      "args": {"name": stream}})
-        trace.append({"ph": "M", "name": "thread_sort_index", "pid": r, "tid": tids[stream],
-                      "args": {"sort_index": tids[stream]}})
+    for r, track in threads:
+        trace.append({"ph": "M", "name": "thread_name", "pid": r, "tid": tids[track],
+                      "args": {"name": _track_name(track)}})
+        trace.append({"ph": "M", "name": "thread_sort_index", "pid": r, "tid": tids[track],
+                      "args": {"sort_index": tids[track]}})
+    for label, start in sections:
+        trace.append({"ph": "i", "s": "g", "name": label, "cat": "section", "pid": 0,
+                      "tid": 0, "ts": start * US_PER_SECOND})
 
     for e in evs:
         trace.append({
@@ -128,7 +184,7 @@ def to_chrome_trace(events: Union[Iterable[Event], Any], path: Optional[Union[st
             "name": e.name,
             "cat": e.stream,
             "pid": e.rank,
-            "tid": tids[e.stream],
+            "tid": tids[_track(e)],
             "ts": e.start * US_PER_SECOND,
             "dur": max(0.0, (e.end - e.start) * US_PER_SECOND),
             "args": _args(e),

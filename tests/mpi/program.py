@@ -77,8 +77,9 @@ def program(ctx) -> dict:
     out["cache_kept"], out["cache_view"] = kept, view
 
     # point to point: a ring, then two messages with one tag received in reverse order
-    mp.send(data(r, (3, r + 1)), dst=(r + 1) % WORLD)
+    sent = mp.isend(data(r, (3, r + 1)), dst=(r + 1) % WORLD)  # rendezvous: not send first
     out["recv_ring"] = mp.recv(src=(r - 1) % WORLD)
+    sent.wait()
     peer = r ^ 1
     first, second = mp.irecv(peer, tag=5), mp.irecv(peer, tag=5)
     other = mp.irecv(peer, tag=9)

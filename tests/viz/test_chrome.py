@@ -11,6 +11,7 @@ from minipar.runtime.device import DeviceSpec
 from minipar.runtime.topology import Topology
 from minipar.runtime.trace import Event
 from minipar.viz import STREAM_TIDS, to_chrome_trace
+from minipar.viz.chrome import one_after_another
 
 TOY = DeviceSpec("toy", {"float64": 1e12}, 10**12)
 TOPO = Topology.nodes(2, 2, device=TOY)
@@ -170,3 +171,86 @@ def test_unknown_streams_get_their_own_stable_thread():
 def test_an_empty_trace_is_still_valid():
     trace = to_chrome_trace([])
     assert trace["traceEvents"] == [] and trace["displayTimeUnit"] == "ns"
+
+
+# ---- what chrome://tracing and Perfetto read: the Trace Event Format's required fields --
+_PHASE_FIELDS = {"X": {"name", "ph", "ts", "dur", "pid", "tid"},
+                 "M": {"name", "ph", "pid", "args"},
+                 "i": {"name", "ph", "ts", "pid", "tid", "s"}}
+_METADATA = {"process_name", "process_sort_index", "thread_name", "thread_sort_index"}
+
+
+def assert_trace_event_format(trace: dict) -> None:
+    """Every event has its phase's required fields with the right types; strict JSON."""
+    json.dumps(trace, allow_nan=False)
+    assert isinstance(trace["traceEvents"], list)
+    for e in trace["traceEvents"]:
+        assert e["ph"] in _PHASE_FIELDS, e
+        assert _PHASE_FIELDS[e["ph"]] <= set(e), e
+        assert isinstance(e["pid"], int) and isinstance(e.get("tid", 0), int)
+        if e["ph"] == "M":
+            assert e["name"] in _METADATA and isinstance(e["args"], dict)
+        else:
+            assert isinstance(e["ts"], (int, float)) and math.isfinite(e["ts"]) and e["ts"] >= 0
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0
+        if e["ph"] == "i":
+            assert e["s"] in ("g", "p", "t")
+
+
+def two_groups_at_once(ctx):
+    """tp {0,1} {2,3} and dp {0,2} {1,3}: a tp all-reduce and a dp all-reduce in flight at
+    the same time, as a tensor-parallel layer's and a data-parallel bucket's."""
+    r = ctx.rank
+    tp = mp.new_group([r - r % 2, r - r % 2 + 1], name="tp")
+    dp = mp.new_group([r % 2, r % 2 + 2], name="dp")
+    a = mp.all_reduce(np.ones(1 << 16), group=dp, async_op=True)
+    b = mp.all_reduce(np.ones(1 << 10), group=tp, async_op=True)
+    a.wait()
+    b.wait()
+
+
+@pytest.mark.timeout(20)
+def test_each_process_group_has_its_own_track_so_concurrent_collectives_do_not_nest():
+    res = mp.launch(two_groups_at_once, 4, topology=TOPO)
+    trace = to_chrome_trace(res)
+    assert_trace_event_format(trace)
+    xs = [t for t in trace["traceEvents"] if t["ph"] == "X" and t["cat"] == "comm"]
+    names = {(t["pid"], t["tid"]): t["args"]["name"] for t in trace["traceEvents"]
+             if t["ph"] == "M" and t["name"] == "thread_name"}
+    for rank in range(4):
+        mine = [t for t in xs if t["pid"] == rank]
+        assert len(mine) == 2
+        a, b = mine
+        assert a["ts"] < b["ts"] + b["dur"] and b["ts"] < a["ts"] + a["dur"]  # concurrent
+        assert a["tid"] != b["tid"]  # so on two tracks
+        tp = [rank - rank % 2, rank - rank % 2 + 1]
+        dp = [rank % 2, rank % 2 + 2]
+        assert {names[(rank, t["tid"])] for t in mine} == {f"comm tp {tp}", f"comm dp {dp}"}
+    # one group's track has the same tid in every process of the group
+    for t in xs:
+        same = [u for u in xs if u["args"]["group"] == t["args"]["group"]
+                and u["args"]["label"] == t["args"]["label"]]
+        assert {u["tid"] for u in same} == {t["tid"]}
+    assert not set(STREAM_TIDS.values()) & {t["tid"] for t in xs}
+
+
+def test_one_after_another_lays_runs_end_to_end_and_marks_each():
+    first = [Event(0, "compute", "a", 0.0, 2.0), Event(1, "comm", "all_reduce", 1.0, 3.0,
+                                                      group=(0, 1), label="world",
+                                                      meta={"issued": 0.5})]
+    second = [Event(0, "compute", "b", 0.0, 1.0)]
+    events, sections = one_after_another([("first", first), ("second", second)], gap=0.5)
+    assert sections == [("first", 0.0), ("second", 3.0 + 1.5)]
+    assert [(e.name, e.start, e.end) for e in events] == [
+        ("a", 0.0, 2.0), ("all_reduce", 1.0, 3.0), ("b", 4.5, 5.5)]
+    assert events[1].meta["issued"] == 0.5 and second[0].start == 0.0  # copies, not edits
+    trace = to_chrome_trace(events, sections=sections)
+    assert_trace_event_format(trace)
+    marks = [(t["name"], t["ts"]) for t in trace["traceEvents"] if t["ph"] == "i"]
+    assert marks == [("first", 0.0), ("second", 4.5e6)]
+
+
+@pytest.mark.timeout(20)
+def test_the_exports_above_follow_the_format(run):
+    assert_trace_event_format(to_chrome_trace(run))

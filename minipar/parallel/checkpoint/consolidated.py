@@ -26,8 +26,8 @@ import numpy as np
 from ... import files
 from ...runtime.collectives import barrier, gather
 from ...runtime.context import current
-from .layout import (RankLayout, assemble, check_kind, describe, describe_params,
-                     rank_layout, unwrap)
+from .layout import RankLayout, assemble, describe, describe_params, rank_layout, unwrap
+from .metadata import check_meta
 
 PathLike = Union[str, os.PathLike]
 
@@ -36,6 +36,7 @@ def save_consolidated(engine, path: PathLike, groups=None) -> None:
     """Every rank calls this: the full state is gathered and the first rank writes it to
     path.npz/.json (engine, groups: as in save_sharded)."""
     e, groups = unwrap(engine, groups)
+    files.check_writable(*files.checkpoint_paths(path))  # every rank, before any collective
     layout = rank_layout(e, groups)
     sd = e.full_state_dict()  # full over dp; this rank's piece under tensor parallelism
     if layout.split:
@@ -74,5 +75,4 @@ def _gather_pieces(sd: dict[str, np.ndarray], layout: RankLayout):
 def read_consolidated(path: PathLike) -> tuple[dict[str, np.ndarray], dict]:
     """(the full state, the checkpoint's metadata) from path.npz/.json."""
     arrays, meta = files.load_arrays(path)
-    check_kind(meta, files.checkpoint_paths(path)[1], "consolidated")
-    return arrays, meta
+    return arrays, check_meta(meta, files.checkpoint_paths(path)[1], "consolidated")

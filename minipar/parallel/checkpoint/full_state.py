@@ -46,6 +46,11 @@ def read(path_or_dir: PathLike) -> tuple[dict[str, np.ndarray], dict]:
     npz, js = files.checkpoint_paths(path_or_dir)
     if js.is_file() or npz.is_file():
         return read_consolidated(path_or_dir)
+    if d.is_dir() and any(d.glob("rank*.json")):
+        raise CheckpointError(
+            f"{d} holds rank files but no {files.INDEX_NAME}: the save did not finish (the "
+            "index is written last, once every rank's file exists), so these files may mix "
+            "two saves. Save again, or restore the directory of one whole save")
     raise CheckpointError(
         f"{path_or_dir} is neither a sharded checkpoint (a directory with "
         f"{files.INDEX_NAME}) nor a consolidated one ({npz.name} and {js.name}); pass what "
@@ -93,7 +98,7 @@ def check_config(where: PathLike, meta: dict, cfg, placements: dict[str, Placeme
         return  # a checkpoint or a model without a GPTConfig: shapes are all there is
     try:
         theirs = GPTConfig(**saved)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise CheckpointError(f"{where}: the saved model config {saved} is not a valid "
                               f"GPTConfig ({e}); the checkpoint is damaged") from None
     for field in ARCHITECTURE:

@@ -42,6 +42,9 @@ COORDINATE = ("pp", "tp", "dp_shard")
 #: masks: with dropout on, a run resumes exactly only under the seed it was saved with
 ARCHITECTURE = ("vocab_size", "seq_len", "hidden", "num_heads", "num_layers", "ffn_hidden",
                 "tie_embeddings", "gelu", "layernorm_eps")
+#: the GPTConfig fields a load lets differ from the saved ones (every other field is in
+#: ARCHITECTURE or is dtype; a test keeps the three lists covering GPTConfig)
+MAY_CHANGE = ("seed", "init_std", "dropout", "recompute", "recompute_every")
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,11 @@ def assemble(pieces: list[dict[str, np.ndarray]], params: dict[str, dict], kinds
                             f"tp rank {t}'s copy differs from tp rank 0's; the replicas "
                             "drifted apart during training, so there is no one value to load")
                 full = parts[0]
+            elif any(p.ndim != len(spec["shape"]) or p.shape != parts[0].shape for p in parts):
+                raise CheckpointError(
+                    f"{where}: {key}'s tensor-parallel pieces have shapes "
+                    f"{[list(p.shape) for p in parts]}, which do not join along dimension "
+                    f"{dim} into the {spec['shape']} the index records; it is damaged")
             else:
                 full = np.concatenate(parts, axis=dim)
             if list(full.shape) != spec["shape"]:

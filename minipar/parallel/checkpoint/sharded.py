@@ -50,8 +50,9 @@ from ...files import CheckpointError
 from ...runtime.collectives import barrier, broadcast
 from ...runtime.context import current
 from ..dp.sharded_optimizer import is_half
-from .layout import (KIND, RankLayout, assemble, check_kind, describe, file_coordinates,
-                     rank_layout, unwrap)
+from .layout import (KIND, RankLayout, assemble, describe, file_coordinates, rank_layout,
+                     unwrap)
+from .metadata import check_meta, check_table
 
 FORMAT = "minipar-layout-checkpoint"
 VERSION = 1
@@ -66,9 +67,10 @@ def save_sharded(engine, dirpath: PathLike, groups=None) -> None:
     groups: the run's ParallelGroups (taken from a run), checked against the parameters.
     """
     e, groups = unwrap(engine, groups)
+    d = Path(dirpath)
+    files.check_writable_dir(d)  # on every rank, before any collective: all refuse alike
     layout = rank_layout(e, groups)
     save_id = _new_save_id(layout)
-    d = Path(dirpath)
     arrays = {f"{s.flat.unit}/{kind}": a for s in layout.state.units
               for kind, a in s.arrays.items()}
     arrays["meta/step"] = np.array(layout.state.step, dtype=np.int64)
@@ -148,10 +150,12 @@ def read_sharded(d: Path) -> tuple[dict[str, np.ndarray], dict]:
 
 
 def _read_index(d: Path) -> dict:
+    """index.json, every field checked before use: the metadata, the mesh (pp = 1 only),
+    one file per coordinate, the arrays table, units that hold the listed parameters."""
     where = d / files.INDEX_NAME
     try:
-        index = json.loads(where.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
+        index = json.loads(where.read_bytes())
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"{where} is not valid JSON ({e}); it is damaged") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         got = index.get("format") if isinstance(index, dict) else type(index).__name__
@@ -160,28 +164,27 @@ def _read_index(d: Path) -> dict:
     if index.get("version") != VERSION:
         raise CheckpointError(f"{where} has version {index.get('version')!r}; this minipar "
                               f"reads version {VERSION}")
-    meta = index.get("meta")
-    check_kind(meta, where, "sharded")
-    mesh = meta.get("mesh", {})
-    try:
-        expected = [{"file": files.shard_file_stem(n), "coordinate": c}
-                    for n, c in enumerate(file_coordinates(mesh))]
-    except (KeyError, TypeError):
-        expected = None
-    if (expected is None or index.get("files") != expected
-            or index.get("world_size") != len(expected)
-            or not isinstance(index.get("arrays"), dict)):
+    meta = check_meta(index.get("meta"), where, "sharded")
+    mesh = meta["mesh"]
+    if mesh["pp"] != 1:
+        raise CheckpointError(
+            f"{where} holds {mesh['pp']} pipeline stages (mesh {mesh}); this minipar has no "
+            "pipeline parallelism yet and reads pp = 1 only, because each stage holds "
+            "different blocks. Consolidate it with the minipar that wrote it, or load it there")
+    listed = index.get("files")
+    count = mesh["pp"] * mesh["tp"] * mesh["dp_shard"]
+    if not (isinstance(listed, list) and len(listed) == count == index.get("world_size")
+            and listed == [{"file": files.shard_file_stem(n), "coordinate": c}
+                           for n, c in enumerate(file_coordinates(mesh))]):
         raise CheckpointError(f"{where} is damaged: expected world_size, an 'arrays' table "
                               f"and one file per coordinate of the mesh {mesh}, numbered in "
                               "(pp, tp, dp_shard) order")
-    in_units = {p["name"] for u in meta.get("units", []) for p in u.get("params", [])}
-    if in_units != set(meta.get("params", {})):
+    check_table(index.get("arrays"), where)
+    in_units = {p["name"] for u in meta["units"] for p in u["params"]}
+    if in_units != set(meta["params"]):
         raise CheckpointError(f"{where} is damaged: its units hold the parameters "
                               f"{sorted(in_units)[:4]}..., its params table lists "
-                              f"{sorted(meta.get('params', {}))[:4]}...; they must be the same")
-    if mesh["pp"] != 1:
-        raise CheckpointError(f"{where} holds {mesh['pp']} pipeline stages; this minipar "
-                              "has no pipeline parallelism yet and reads pp = 1 only")
+                              f"{sorted(meta['params'])[:4]}...; they must be the same")
     return index
 
 

@@ -29,7 +29,12 @@ Megatron allows; it is then placed slowest.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...runtime.checks import MAX_RANKS
 
 #: Megatron-LM's default order, fastest first
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -53,11 +58,15 @@ class ParallelDims:
     mesh_dim_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        sizes = self.sizes()
-        for name, v in sizes.items():
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        for name, v in self.sizes().items():
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"ParallelDims({name}={v!r}): every size must be a positive "
                                  f"integer (1 means the dimension is not used)")
+            object.__setattr__(self, name, int(v))  # a NumPy integer becomes an int
+        sizes = self.sizes()
+        if self.world_size > MAX_RANKS:
+            raise ValueError(f"{self} covers {self.world_size} ranks, more than minipar lays "
+                             f"out ({MAX_RANKS}); is one of the sizes a typo?")
         if (self.dp * self.cp) % self.ep:
             raise ValueError(
                 f"ParallelDims(ep={self.ep}) must divide dp x cp = {self.dp} x {self.cp} = "
@@ -116,7 +125,9 @@ _FORM = {"pp": "pipeline parallelism", "cp": "context parallelism",
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, in O(sqrt n)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _mesh_dim_names(order: str, sizes: dict[str, int]) -> tuple[str, ...]:

@@ -38,7 +38,13 @@ class ParallelGroups:
         if not isinstance(dims, ParallelDims):
             raise TypeError(f"ParallelGroups takes a ParallelDims, got {type(dims).__name__}")
         ctx = current()
-        self.rank = ctx.rank if rank is None else rank
+        if rank is not None and (isinstance(rank, (bool, np.bool_))
+                                 or not isinstance(rank, (int, np.integer))
+                                 or not 0 <= rank < ctx.world_size):
+            raise ValueError(f"ParallelGroups(rank={rank!r}): rank is a global rank of this "
+                             f"world of {ctx.world_size}, 0..{ctx.world_size - 1}, or None "
+                             f"for the calling rank ({ctx.rank})")
+        self.rank = ctx.rank if rank is None else int(rank)
         dims.check_world(ctx.world_size, self.rank)
         self.dims = dims
         #: the torch spelling of the layout: init_device_mesh(dims.mesh_shape, names)
@@ -76,14 +82,15 @@ class ParallelGroups:
         index = tuple(slice(None) if n in dims else self.coordinate[n]
                       for n in self.mesh.mesh_dim_names)
         ranks = np.asarray(self.mesh.grid[index]).reshape(-1)
-        return ProcessGroup(tuple(sorted(int(r) for r in ranks)), name or dims[0])
+        return ProcessGroup(tuple(sorted(int(r) for r in ranks)), name or dims[0],
+                            self.dims.world_size)
 
     def _expert_group(self) -> ProcessGroup:
         """ep consecutive members of this rank's dp_cp group (in its rank order)."""
         ep = self.dims.ep
         members = self.dp_cp.ranks
         i = members.index(self.rank) // ep
-        return ProcessGroup(members[i * ep:(i + 1) * ep], "ep")
+        return ProcessGroup(members[i * ep:(i + 1) * ep], "ep", self.dims.world_size)
 
     def __repr__(self) -> str:
         where = ", ".join(f"{n}={c}" for n, c in self.coordinate.items())

@@ -7,37 +7,47 @@
     tensor_parallel.py  9    Megatron tensor and sequence parallelism: collectives per layer,
                              activation memory against Table 2, gradients against one device
 
-Each part prints through `out` and checks what it shows against a formula or one device.
+Each part prints through `out` and checks what it shows against a formula or one device,
+and passes every launch it runs to `record`; `--trace` writes them all, one after another,
+into one Chrome trace.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from ...viz.chrome import to_chrome_trace
-from .cluster import TOPOLOGY, cluster_parts
-from .common import Print
+from ...viz.chrome import one_after_another, to_chrome_trace
+from .cluster import ALIGN_BYTES, MAX_MEGABYTES, TOPOLOGY, cluster_parts, tour_nbytes
+from .common import Print, Recorder, ascii_print, to_ascii
 from .data_parallel import DP_ATOL_SCALE, DP_RTOL, data_parallel_part
 from .model import single_device_part
 from .tensor_parallel import tensor_parallel_part
 
-#: the parts after the cluster's, in order: each takes `out`
+#: the parts after the cluster's, in order: each takes `out` and `record`
 PARTS = (single_device_part, data_parallel_part, tensor_parallel_part)
 
 
 def run_tour(out: Print = print, nbytes: int = 4 << 20, trace_path: Optional[str] = None,
              ascii: bool = False, width: int = 72) -> list:
-    """Run the tour and print it through `out`; returns the events of part 6 (what the
-    Chrome trace at `trace_path` holds)."""
-    events = cluster_parts(out, nbytes, ascii, width)
+    """Run the tour and print it through `out` (ASCII only with `ascii`); nbytes is the
+    per-rank buffer of parts 2-6, a multiple of ALIGN_BYTES (`tour_nbytes(megabytes)`).
+    Returns every launch as (label, events), in order: what the Chrome trace at
+    `trace_path` holds, one launch after another."""
+    if ascii:
+        out = ascii_print(out)
+    record = Recorder()
+    cluster_parts(out, nbytes, ascii, width, record)
     for part in PARTS:
         out("")
-        part(out)
+        part(out, record)
     if trace_path:
-        to_chrome_trace(events, trace_path, topology=TOPOLOGY)
-        out(f"\nChrome trace written to {trace_path}: open it in https://ui.perfetto.dev "
-            "or chrome://tracing")
-    return events
+        events, sections = one_after_another(record.runs)
+        to_chrome_trace(events, trace_path, topology=TOPOLOGY,
+                        world_size=TOPOLOGY.world_size, sections=sections)
+        out(f"\nChrome trace of every part ({len(record.runs)} launches, one after another) "
+            f"written to {trace_path}: open it in https://ui.perfetto.dev or chrome://tracing")
+    return record.runs
 
 
-__all__ = ["run_tour", "PARTS", "DP_RTOL", "DP_ATOL_SCALE"]
+__all__ = ["run_tour", "PARTS", "DP_RTOL", "DP_ATOL_SCALE", "tour_nbytes", "MAX_MEGABYTES",
+           "ALIGN_BYTES", "ascii_print", "to_ascii"]

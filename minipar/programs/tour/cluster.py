@@ -10,6 +10,8 @@ overlapping on their streams.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ... import runtime as mp
@@ -17,9 +19,26 @@ from ...runtime import cost
 from ...runtime.algorithms import ring_all_reduce, ring_schedule
 from ...runtime.ledger import fmt_bytes
 from ...viz.timeline import COLLECTIVE_LETTERS, render_timeline, summarize
-from .common import Print, fmt_array, fmt_t
+from .common import Print, Record, fmt_array, fmt_t, no_recorder
 
 TOPOLOGY = mp.Topology.nodes(2, gpus_per_node=4)
+
+#: the costed buffer is float32 elements split into equal chunks over the 8 ranks
+#: (reduce_scatter, all_to_all_single, the 4-rank ring): a multiple of 4 x 8 bytes
+ALIGN_BYTES = 4 * TOPOLOGY.world_size
+#: the largest --megabytes: the tour holds about 80 copies of the buffer over its 8 ranks
+#: (measured: 1.5 GB of host memory at 16 MiB, 5.2 GB at 64 MiB)
+MAX_MEGABYTES = 64.0
+
+
+def tour_nbytes(megabytes: float) -> int:
+    """The per-rank buffer of parts 2-6 for `megabytes` MiB: the nearest multiple of
+    ALIGN_BYTES, at least one. Refuses what is not a number in (0, MAX_MEGABYTES]."""
+    if not (isinstance(megabytes, (int, float)) and math.isfinite(megabytes)
+            and 0 < megabytes <= MAX_MEGABYTES):
+        raise ValueError(f"the tour's buffer must be a finite number of MiB in "
+                         f"(0, {MAX_MEGABYTES:g}], got {megabytes!r}")
+    return max(1, round(megabytes * (1 << 20) / ALIGN_BYTES)) * ALIGN_BYTES
 
 
 def _semantics(ctx: mp.Context) -> dict:
@@ -37,8 +56,9 @@ def _semantics(ctx: mp.Context) -> dict:
                                 src=0)
     out["all_to_all"] = mp.all_to_all([np.array([10.0 * r + j]) for j in range(n)])
     left, right = (r - 1) % n, (r + 1) % n
-    mp.send(x, dst=right)
+    sent = mp.isend(x, dst=right)  # a blocking send first would deadlock, as on NCCL
     out["recv"] = mp.recv(src=left)
+    sent.wait()
     mp.barrier()
     return out
 
@@ -55,8 +75,14 @@ def _costs(ctx: mp.Context, nbytes: int) -> None:
     mp.barrier()
 
 
-def cluster_parts(out: Print, nbytes: int, ascii: bool, width: int) -> list:
-    """Print parts 1-6; returns the events of part 6 (compute overlapping communication)."""
+def cluster_parts(out: Print, nbytes: int, ascii: bool, width: int,
+                  record: Record = no_recorder) -> list:
+    """Print parts 1-6, passing each launch to `record`; returns the events of part 6
+    (compute overlapping communication)."""
+    if nbytes <= 0 or nbytes % ALIGN_BYTES:
+        raise ValueError(f"the tour's buffer must be a positive multiple of {ALIGN_BYTES} "
+                         f"bytes (float32 chunks over {TOPOLOGY.world_size} ranks), got "
+                         f"{nbytes}; tour_nbytes(megabytes) rounds a size")
     topo = TOPOLOGY
     n = topo.world_size
     out("minipar tour: one program, run once per simulated device")
@@ -65,7 +91,7 @@ def cluster_parts(out: Print, nbytes: int, ascii: bool, width: int) -> list:
 
     out("1. What moves where (x_r = [10r, 10r+1] on rank r; results as rank 0 sees them"
         " unless noted)")
-    res = mp.launch(_semantics, n, topology=topo)
+    res = record("1. what moves where", mp.launch(_semantics, n, topology=topo))
     r0, r5 = res[0], res[5]
     rows = [
         ("all_reduce(x)", "sum over ranks", r0["all_reduce"]),
@@ -83,7 +109,8 @@ def cluster_parts(out: Print, nbytes: int, ascii: bool, width: int) -> list:
     out("   (y_r = [0, 1, ..., 15] + 100 r; gather shows the first element of each x)\n")
 
     out(f"2. What it costs: every collective on {fmt_bytes(nbytes)} of float32 per rank")
-    res = mp.launch(lambda ctx: _costs(ctx, nbytes), n, topology=topo)
+    res = record("2. what it costs", mp.launch(lambda ctx: _costs(ctx, nbytes), n,
+                                               topology=topo))
     events = res.contexts[0].trace.of("comm")
     out(f"   {'collective':<16}{'algorithm':<14}{'time':>13}{'algbw':>12}{'busbw':>12}"
         f"{'sent by r0':>13}  formula")
@@ -99,18 +126,20 @@ def cluster_parts(out: Print, nbytes: int, ascii: bool, width: int) -> list:
         if s.rank == 0:
             out(f"   rank 0, {s.phase:<15} step {s.step}: send chunk {s.send_chunk} to rank "
                 f"{s.send_to}, receive chunk {s.recv_chunk} from rank {s.recv_from}")
-    ring = mp.launch(lambda ctx: _timed(ctx, lambda x: ring_all_reduce(x), nbytes), 4)
-    direct = mp.launch(lambda ctx: _timed(ctx, lambda x: mp.all_reduce(x), nbytes), 4)
+    ring = record("3. ring all-reduce of sends", mp.launch(
+        lambda ctx: _timed(ctx, lambda x: ring_all_reduce(x), nbytes), 4))
+    direct = record("3. direct all_reduce", mp.launch(
+        lambda ctx: _timed(ctx, lambda x: mp.all_reduce(x), nbytes), 4))
     formula = cost.ring_all_reduce_time(nbytes, 4, topo.intra)
     out(f"   {fmt_bytes(nbytes)}: ring of sends took {fmt_t(ring[0][0]).strip()}, the direct "
         f"all_reduce {fmt_t(direct[0][0]).strip()}, formula 2(n-1)a + 2(n-1)/n*S/B = "
         f"{fmt_t(formula).strip()}; same result: {bool(np.array_equal(ring[0][1], direct[0][1]))}\n")
 
     out("4. Why tensor parallelism stays inside a node: all_reduce over 4 ranks")
-    same = mp.launch(lambda ctx: _group_allreduce(ctx, (0, 1, 2, 3), (4, 5, 6, 7), nbytes),
-                     n, topology=topo)
-    split = mp.launch(lambda ctx: _group_allreduce(ctx, (0, 1, 4, 5), (2, 3, 6, 7), nbytes),
-                      n, topology=topo)
+    same = record("4. tp groups inside nodes", mp.launch(
+        lambda ctx: _group_allreduce(ctx, (0, 1, 2, 3), (4, 5, 6, 7), nbytes), n, topology=topo))
+    split = record("4. tp groups across nodes", mp.launch(
+        lambda ctx: _group_allreduce(ctx, (0, 1, 4, 5), (2, 3, 6, 7), nbytes), n, topology=topo))
     t_same, t_split = same[0], split[0]
     out(f"   group {{0,1,2,3}} (one node, NVLink):     {fmt_t(t_same)}")
     out(f"   group {{0,1,4,5}} (two nodes, InfiniBand): {fmt_t(t_split)}   "
@@ -122,10 +151,10 @@ def cluster_parts(out: Print, nbytes: int, ascii: bool, width: int) -> list:
     out("6. Overlap: compute on one stream, communication on another")
     out("   each rank computes 4 layers' gradients (backward, last layer first) and starts an")
     out("   asynchronous all_reduce of each as soon as it is ready; it waits once, at the end")
-    res = mp.launch(lambda ctx: _overlap(ctx, nbytes), n, topology=topo)
+    res = record("6. overlap", mp.launch(lambda ctx: _overlap(ctx, nbytes), n, topology=topo))
     all_events = res.events()
     out(render_timeline(all_events, n, width=width, ascii=ascii))
-    out(summarize(all_events, n))
+    out(summarize(all_events, n, ascii=ascii))
     return all_events
 
 

@@ -13,7 +13,7 @@ from ...nn import GPT, GPTConfig
 from ...optim import AdamW
 from ...parallel import zero_engine
 from ...plan import dp_comm_elements, model_state_bytes
-from .common import Print
+from .common import Print, Record, no_recorder
 
 
 # The equivalence tests' tolerance (tests/parallel/conftest.py: RTOL, ATOL_SCALE), per
@@ -46,7 +46,7 @@ def _dp_train(ctx: mp.Context, cfg, batches, stage: int, n: int) -> dict:
                        if k.startswith("param/")}}
 
 
-def data_parallel_part(out: Print) -> None:
+def data_parallel_part(out: Print, record: Record = no_recorder) -> None:
     """Part 8: DDP and ZeRO-1/2/3 on 4 ranks: memory, traffic and weights, each checked."""
     n, s, gb, steps = 4, 16, 8, 2
     cfg = GPTConfig(vocab_size=32, seq_len=s, hidden=18, num_heads=3, num_layers=2,
@@ -54,8 +54,9 @@ def data_parallel_part(out: Print) -> None:
     rng = np.random.default_rng(0)
     batches = [tuple(rng.integers(0, cfg.vocab_size, (2, s, gb))) for _ in range(steps)]
     topo = mp.Topology.nodes(1, gpus_per_node=n)
-    runs = {st: mp.launch(lambda ctx, st=st: _dp_train(ctx, cfg, batches, st, n), n,
-                          topology=topo) for st in _DP_STAGES}
+    runs = {st: record(f"8. {_DP_STAGES[st][0]}, bf16", mp.launch(
+        lambda ctx, st=st: _dp_train(ctx, cfg, batches, st, n), n, topology=topo))
+        for st in _DP_STAGES}
     psi, pad = cfg.num_parameters(), runs[1][0]["padding"]
     block, block_padded = runs[1][0]["block"]
     out(f"8. Data parallelism: a GPT on {n} ranks of one node under DDP and ZeRO-1/2/3")
@@ -104,7 +105,7 @@ def data_parallel_part(out: Print) -> None:
             out("   (ranks differ)")
     # the same steps in float64: one device on the whole batch, then each stage on 4 ranks
     cfg64 = cfg.with_(dtype="float64")
-    with mp.device():
+    with mp.device() as one:
         model = GPT(cfg64)
         opt = AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
         for ids, tgt in batches:
@@ -112,11 +113,13 @@ def data_parallel_part(out: Print) -> None:
             opt.step()
             opt.zero_grad()
         ref = {p.name: p.data.copy() for p in model.parameters()}
+    record("8. one device, float64", one)
     out(f"   the same {steps} steps in float64: updated weights against one device on the "
         f"whole batch")
     for st, (name, _) in _DP_STAGES.items():
-        got = mp.launch(lambda ctx, st=st: _dp_train(ctx, cfg64, batches, st, n), n,
-                        topology=topo)[0]["params"]
+        got = record(f"8. {name}, float64", mp.launch(
+            lambda ctx, st=st: _dp_train(ctx, cfg64, batches, st, n), n,
+            topology=topo))[0]["params"]
         worst = max(float(np.abs(got[k] - w).max()) for k, w in ref.items())
         equal = all(bool(np.all(np.abs(got[k] - w) <= DP_RTOL * np.abs(w)
                                 + DP_ATOL_SCALE * np.abs(w).max())) for k, w in ref.items())

@@ -10,10 +10,10 @@ from ...nn import GPT, GPTConfig
 from ...optim import AdamW, MixedPrecisionOptimizer
 from ...plan import activation_bytes_per_layer, model_flops
 from ...runtime.ledger import fmt_bytes
-from .common import Print, fmt_t
+from .common import Print, Record, fmt_t, no_recorder
 
 
-def single_device_part(out: Print) -> None:
+def single_device_part(out: Print, record: Record = no_recorder) -> None:
     """Part 7: one bf16 training step of a small GPT, with every byte and FLOP accounted."""
     s, b = 32, 4
     cfg = GPTConfig(vocab_size=128, seq_len=s, hidden=64, num_heads=4, num_layers=2,
@@ -41,3 +41,4 @@ def single_device_part(out: Print) -> None:
         out(f"   FLOPs on the clock {flops:,.0f} = 72Bslh^2(1 + s/6h + V/12lh) = "
             f"{model_flops(b, s, cfg.num_layers, cfg.hidden, cfg.vocab_size):,.0f}; "
             f"{fmt_t(ctx.clock.now).strip()} on one {ctx.device.name}")
+    record("7. one bf16 training step", ctx)

@@ -15,7 +15,7 @@ from ...nn import GPT, GPTConfig
 from ...parallel.tp.gpt import TensorParallelGPT
 from ...plan import activation_bytes_per_layer
 from ...runtime.ledger import fmt_bytes
-from .common import Print
+from .common import Print, Record, no_recorder
 
 DIAGRAM = """\
    x ─ f ─► ColumnParallel (W split by rows) ─► GeLU ─► RowParallel (W split by columns) ─ g ─► y
@@ -42,7 +42,7 @@ def _layer(ctx: mp.Context, cfg, tp: int, sp: bool, ids: np.ndarray) -> dict:
             "grads": model.full_parameters(grad=True)}
 
 
-def tensor_parallel_part(out: Print) -> None:
+def tensor_parallel_part(out: Print, record: Record = no_recorder) -> None:
     """Print part 9."""
     tp, s, b = 4, 16, 2
     cfg = GPTConfig(vocab_size=64, seq_len=s, hidden=32, num_heads=4, num_layers=2,
@@ -60,8 +60,9 @@ def tensor_parallel_part(out: Print) -> None:
     out(f"   one layer's collectives, from the trace (S = s·b·h·2 bytes = {fmt_bytes(sbh)})")
     runs = {}
     for sp in (False, True):
-        runs[sp] = mp.launch(lambda ctx, sp=sp: _layer(ctx, cfg, tp, sp, ids), tp)
         name = "tp + sp" if sp else "tp"
+        runs[sp] = record(f"9. {name}, bf16", mp.launch(
+            lambda ctx, sp=sp: _layer(ctx, cfg, tp, sp, ids), tp))
         for phase in ("forward", "backward"):
             calls = runs[sp][0]["calls"][phase]
             what = ", ".join(f"{c} x{k}" + ("" if n == sbh else f" ({fmt_bytes(n)})")
@@ -78,19 +79,22 @@ def tensor_parallel_part(out: Print) -> None:
     for label, t, sp, formula in rows:
         got = runs[sp][0]["saved"] if t > 1 else None
         if got is None:
-            got = mp.launch(lambda ctx: _layer(ctx, cfg, 1, False, ids), 1)[0]["saved"]
+            got = record("9. one device, bf16", mp.launch(
+                lambda ctx: _layer(ctx, cfg, 1, False, ids), 1))[0]["saved"]
         want = activation_bytes_per_layer(s, b, h, a, tp=t, sequence_parallel=sp)
         out(f"   {label:<12}{got:>8,} B   {formula:<26} = {want:>8,.0f} B   "
             f"equal: {got == want}")
     cfg64 = cfg.with_(dtype="float64")
-    with mp.device():
+    with mp.device() as one:
         model = GPT(cfg64)
         loss0 = model.loss_and_grad(ids, ids)
         ref = {p.name: p.grad.copy() for p in model.parameters()}
+    record("9. one device, float64", one)
     out("   the same step in float64, dropout on, against one device (masks: the single "
         "device's, sliced)")
     for sp in (False, True):
-        got = mp.launch(lambda ctx, sp=sp: _layer(ctx, cfg64, tp, sp, ids), tp)[0]
+        got = record(f"9. {'tp + sp' if sp else 'tp'}, float64", mp.launch(
+            lambda ctx, sp=sp: _layer(ctx, cfg64, tp, sp, ids), tp))[0]
         worst = max(float(np.abs(got["grads"][k] - g).max() / np.abs(g).max())
                     for k, g in ref.items())
         out(f"   {'tp + sp' if sp else 'tp':<8}loss {got['loss']:.12f} (one device "

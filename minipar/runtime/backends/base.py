@@ -64,8 +64,10 @@ class Backend(Protocol):
     def collective(self, call: Call) -> Handle:
         """Deposit this rank's side; the handle's wait() returns the rank's Outcome."""
 
-    def send(self, rank: int, array, dst: int, tag: int, arrival: float, where: str) -> None:
-        """Eager send: the message (a copy) is delivered to dst; it arrives at `arrival`."""
+    def send(self, rank: int, array, dst: int, tag: int, arrival: float, where: str) -> Handle:
+        """The message (a copy) is delivered to dst, arriving at `arrival`; the handle
+        completes once dst has posted the matching recv (sends="rendezvous") or at once
+        (sends="eager")."""
 
     def recv(self, rank: int, src: int, tag: int, where: str) -> Handle:
         """Post a receive; wait() returns Outcome(result=array, start=arrival time)."""

@@ -20,11 +20,17 @@ in an order of its choosing, so float results may differ from the sim backend's 
 last bits. It cannot add bfloat16 or float16: those blocks are all-gathered and reduced
 by reference.py in group order, giving the sim backend's bits.
 
-Point to point is eager, as on the sim backend: `send` Isends a header and a private copy
-of the data and keeps both until complete (all complete at the end of `launch_mpi`);
-`recv` posts its header receive at once, so receives match messages in posting order, and
-its data receive when the header is in. Collectives of different groups may be in flight
-at once (the front end orders each group's own); a two-stage one (broadcast, scatter,
+Point to point: `send` Isends a header and a private copy of the data and keeps both until
+complete (all complete at the end of `launch_mpi`); `recv` posts its header receive at
+once, so receives match messages in posting order, and its data receive when the header
+is in. Under sends="rendezvous" (the default) the header goes by Issend, MPI's synchronous
+send, which completes only once the receiver has posted the matching receive: a blocking
+`send` waits for that, as on NCCL and on the sim backend (the data itself still moves
+when the receiver takes it). Under sends="eager" a send returns at once. A ring that sends
+before it receives therefore hangs here under rendezvous, as on a cluster, with no
+diagnosis: run it on the sim backend to see it named.
+
+Collectives of different groups may be in flight at once (the front end orders each group's own); a two-stage one (broadcast, scatter,
 all_to_all) posts its second stage when its first is done, and a rank blocked on anything
 keeps the others moving, so that what runs on the sim backend does not deadlock here.
 
@@ -135,14 +141,31 @@ class _Receive:
         return self._outcome
 
 
+class _Sent:
+    """A send in flight: complete once the receiver has posted its recv (the header's
+    Issend, rendezvous) or at once (eager)."""
+
+    def __init__(self, backend: "MpiBackend", head_req, arrival: float):
+        self._b, self._req, self._arrival = backend, head_req, arrival
+
+    def is_completed(self) -> bool:
+        return self._req is None or self._req.Test()
+
+    def wait(self) -> Outcome:
+        if self._req is not None:
+            self._b.block([self._req], None)
+        return Outcome(None, self._arrival)
+
+
 # ---- the backend -----------------------------------------------------------------------
 class MpiBackend:
     """This process's side of every collective and message, through mpi4py."""
 
     name = "mpi"
 
-    def __init__(self, world=MPI.COMM_WORLD):
+    def __init__(self, world=MPI.COMM_WORLD, sends: str = "rendezvous"):
         self.world = world
+        self.sends = sends
         self.heads, self.data = world.Dup(), world.Dup()  # p2p: headers, then the data
         self.inflight: list[MpiHandle] = []  # collectives not yet finished
         self._comms: dict[tuple, Any] = {}
@@ -192,14 +215,16 @@ class MpiBackend:
         if not 0 <= tag <= self._tag_ub:
             raise CollectiveUsageError(f"{what} tag={tag}: an MPI tag is in [0, {self._tag_ub}]")
 
-    def send(self, rank: int, array, dst: int, tag: int, arrival: float, where: str) -> None:
+    def send(self, rank: int, array, dst: int, tag: int, arrival: float, where: str) -> _Sent:
         who = f"rank {rank}: send to rank {dst} at {where}"
         self._check_tag(tag, who)
         data = private_copy(np.asarray(array))  # the message: a private copy
         head = header(data, who, arrival)
-        reqs = [self.heads.Isend(head, dst, tag), self.data.Isend(as_bytes(data), dst, tag)]
+        isend = self.heads.Issend if self.sends == "rendezvous" else self.heads.Isend
+        reqs = [isend(head, dst, tag), self.data.Isend(as_bytes(data), dst, tag)]
         self._sends = [s for s in self._sends if not MPI.Request.Testall(s[0])]
         self._sends.append((reqs, head, data))
+        return _Sent(self, reqs[0] if self.sends == "rendezvous" else None, arrival)
 
     def recv(self, rank: int, src: int, tag: int, where: str) -> _Receive:
         self._check_tag(tag, f"rank {rank}: recv from rank {src} at {where}")
@@ -219,7 +244,7 @@ class MpiBackend:
 
 
 def launch_mpi(fn: Callable[[Context], Any], world_size: int, topology: Topology,
-               algorithm: str = "auto") -> LaunchResult:
+               algorithm: str = "auto", sends: str = "rendezvous") -> LaunchResult:
     """Run `fn(ctx)` once, as this process's rank of the MPI job; returns [its result]."""
     world = MPI.COMM_WORLD
     if world.Get_size() != world_size:
@@ -227,7 +252,7 @@ def launch_mpi(fn: Callable[[Context], Any], world_size: int, topology: Topology
             f"launch(..., world_size={world_size}, backend='mpi') is running in an MPI job "
             f"of {world.Get_size()} process(es); start it with: "
             f"mpiexec -n {world_size} python <your program>")
-    backend = MpiBackend(world)
+    backend = MpiBackend(world, sends)
     ctx = Context(world.Get_rank(), world_size, topology, backend, algorithm)
     set_current(ctx)
     try:

@@ -5,25 +5,36 @@ last member to arrive checks that every member called the same thing, computes a
 results with the reference definition (`reference.REFERENCES[kind]`) in group order, and
 wakes the others. So results are deterministic, bit for bit, whatever the thread timing.
 
-Sends are eager (like a buffered MPI send): the message is copied into the receiver's
-mailbox and the sender goes on. A receive blocks until its message is there.
+Sends. The message is always copied into the receiver's mailbox at once (so the data
+and the simulated clock never depend on the mode). What the mode decides is when a
+blocking `send` may return. `sends="rendezvous"` (the default of `launch`): only once the
+receiver has posted the matching recv, as on NCCL and with MPI_Ssend, so a ring in which
+every rank sends before it receives deadlocks here as it would on a cluster, and is
+diagnosed. `sends="eager"`: at once, like a buffered MPI send. A receive blocks until its
+message is there. Under rendezvous a rank's program ends only once every send it started
+has been matched; under eager, messages nobody received are reported when the run ends.
 
 Diagnosis instead of hangs. A rank that must block records what it waits for. When every
 rank that has not finished is blocked and none of their waits can be satisfied, nothing
 can ever happen again: the world fails at once with a `DeadlockError` listing each rank.
 Blocked threads sleep on one condition variable (no busy waiting) and are woken by every
-change of state; when one rank fails, all of them wake and leave with `WorldAborted`.
+change of state (`_changed`, which also stamps `progress` for the watchdog of
+runtime/watchdog.py); when one rank fails, all of them wake and leave with `WorldAborted`.
+A wait may carry a deadline (`Work.wait(timeout=)`): past it, the waiting rank raises
+`CollectiveTimeoutError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..errors import CollectiveMismatchError, DeadlockError, WorldAborted
+from ..errors import CollectiveMismatchError, CollectiveTimeoutError, DeadlockError, WorldAborted
 from ..reference import REFERENCES
 from .base import Call, Outcome
 
@@ -43,6 +54,10 @@ class _Message:
     array: np.ndarray
     arrival: float
     where: str
+
+
+SENDS = ("rendezvous", "eager")
+RENDEZVOUS_HINT = "send blocks until the receiver posts its recv"
 
 
 class _Waiting:
@@ -78,9 +93,16 @@ class SimWorld:
 
     name = "sim"
 
-    def __init__(self, world_size: int):
+    def __init__(self, world_size: int, sends: str = "rendezvous"):
+        if sends not in SENDS:
+            raise ValueError(f"sends={sends!r}: expected one of {SENDS}")
         self.world_size = world_size
+        self.sends = sends
         self.cond = threading.Condition()
+        self.progress = time.monotonic()  # wall time of the last change of state
+        self.last_call: dict[int, tuple] = {}  # rank -> its latest call: (format, *args)
+        self.deadlines: dict[int, tuple[float, float]] = {}  # rank -> (deadline, timeout)
+        self.unsettled: dict[int, list] = {}  # rank -> its sends (key, seq, dst, tag, where)
         self.slots: dict[tuple, _Slot] = {}
         self.counters: dict[tuple, int] = {}  # (rank, group key) -> next call index
         self.mail: dict[tuple, dict[int, _Message]] = {}  # (src, dst, tag) -> seq -> msg
@@ -91,19 +113,25 @@ class SimWorld:
         self.error: Optional[BaseException] = None
 
     # ---- lifecycle -----------------------------------------------------------------
+    def _changed(self) -> None:
+        """Something happened: stamp the watchdog's clock and wake every waiter."""
+        self.progress = time.monotonic()
+        self.cond.notify_all()
+
     def fail(self, error: BaseException) -> None:
         """Record the first failure and wake every blocked rank so it can leave."""
         with self.cond:
             if self.error is None:
                 self.error = error
-            self.cond.notify_all()
+            self._changed()
 
     def finish(self, rank: int) -> None:
         """Rank returned from its program; if the others now wait forever, say so."""
         with self.cond:
             self.finished.add(rank)
+            self.waiting.pop(rank, None)
             self._check_deadlock()
-            self.cond.notify_all()
+            self._changed()
 
     def _check_alive(self) -> None:
         if self.error is not None:
@@ -111,6 +139,7 @@ class SimWorld:
 
     # ---- blocking with deadlock detection (call with self.cond held) ----------------
     def block_until(self, rank: int, ready: Callable[[], bool], describe: Callable[[], str]):
+        deadline = self.deadlines.get(rank)
         while True:
             self._check_alive()
             if ready():
@@ -119,7 +148,26 @@ class SimWorld:
             self.waiting[rank] = _Waiting(ready, describe)
             if self._check_deadlock():
                 raise self.error
-            self.cond.wait()
+            if deadline is None:
+                self.cond.wait()
+                continue
+            left = deadline[0] - time.monotonic()
+            if left <= 0:
+                self.waiting.pop(rank, None)
+                raise CollectiveTimeoutError(
+                    f"rank {rank}: Work.wait(timeout={deadline[1]:g}) expired, still waiting "
+                    f"in {describe()}. torch raises the same when a wait times out; find the "
+                    "rank that never arrived, or wait longer")
+            self.cond.wait(left)
+
+    @contextlib.contextmanager
+    def deadline(self, rank: int, seconds: float):
+        """Waits of `rank` inside this block raise CollectiveTimeoutError after `seconds`."""
+        self.deadlines[rank] = (time.monotonic() + seconds, seconds)
+        try:
+            yield
+        finally:
+            self.deadlines.pop(rank, None)
 
     def _check_deadlock(self) -> bool:
         """True (and the world failed with a DeadlockError) if no live rank can proceed."""
@@ -137,8 +185,16 @@ class SimWorld:
             lines.append(f"  rank {r}: {state}")
         lines.append("Check that every rank of each group makes the same collective calls in "
                      "the same order, and that every recv has a matching send.")
+        if any(self.waiting[r].describe().startswith("send(") for r in live):
+            lines.append(
+                "A blocking send returns only once its receiver has posted the matching recv "
+                "(launch(..., sends='rendezvous'), as on NCCL and with MPI_Ssend): when every "
+                "rank of a ring sends before it receives, all of them wait forever. Post both "
+                "sides at once (isend, then recv, then wait on the send; or "
+                "batch_isend_irecv), or alternate by parity: even ranks send first, odd ranks "
+                "receive first.")
         self.error = DeadlockError("\n".join(lines))
-        self.cond.notify_all()
+        self._changed()
         return True
 
     # ---- collectives -----------------------------------------------------------------
@@ -156,9 +212,10 @@ class SimWorld:
             slot.calls[me] = call
             if first is not None and first.signature != call.signature:
                 self._mismatch(slot, g, index)
+            self.last_call[call.rank] = ("{} on group {} at {}", call.kind, g, call.where)
             if len(slot.calls) == g.size:
                 self._complete(slot)
-                self.cond.notify_all()
+                self._changed()
 
         def ready() -> bool:
             return slot.outcomes is not None
@@ -188,7 +245,7 @@ class SimWorld:
         lines.append("Every rank of a group must make the same collective calls, with the same "
                      "shapes, dtypes, ops and roots, in the same order.")
         self.error = CollectiveMismatchError("\n".join(lines))
-        self.cond.notify_all()
+        self._changed()
         raise self.error
 
     def _complete(self, slot: _Slot) -> None:
@@ -202,7 +259,10 @@ class SimWorld:
         slot.outcomes = [Outcome(r, start, infos) for r in results]
 
     # ---- point to point -------------------------------------------------------------
-    def send(self, rank: int, array, dst: int, tag: int, arrival: float, where: str) -> None:
+    def send(self, rank: int, array, dst: int, tag: int, arrival: float,
+             where: str) -> SimHandle:
+        """Deliver a copy to dst's mailbox; the handle completes once dst has posted the
+        matching recv (rendezvous) or at once (eager)."""
         with self.cond:
             self._check_alive()
             key = (rank, dst, tag)
@@ -210,7 +270,22 @@ class SimWorld:
             self.sent[key] = seq + 1
             self.mail.setdefault(key, {})[seq] = _Message(np.array(array, copy=True),
                                                           arrival, where)
-            self.cond.notify_all()
+            self.last_call[rank] = ("send(dst={}, tag={}) at {}", dst, tag, where)
+            if self.sends == "rendezvous":
+                mine = self.unsettled.setdefault(rank, [])
+                if len(mine) >= 64:  # forget the sends already matched
+                    mine[:] = [m for m in mine if self.posted.get(m[0], 0) <= m[1]]
+                mine.append((key, seq, dst, tag, where))
+            self._changed()
+
+        def ready() -> bool:
+            return self.sends == "eager" or self.posted.get(key, 0) > seq
+
+        def describe() -> str:
+            return (f"send(dst={dst}, tag={tag}) at {where}; {RENDEZVOUS_HINT} "
+                    f"(sends='rendezvous'), and rank {dst} has posted no matching recv")
+
+        return SimHandle(self, rank, ready, lambda: Outcome(None, arrival), describe)
 
     def recv(self, rank: int, src: int, tag: int, where: str) -> SimHandle:
         with self.cond:
@@ -219,6 +294,8 @@ class SimWorld:
             seq = self.posted.get(key, 0)
             self.posted[key] = seq + 1
             box = self.mail.setdefault(key, {})
+            self.last_call[rank] = ("recv(src={}, tag={}) at {}", src, tag, where)
+            self._changed()  # a sender may be waiting for this recv to be posted
 
         def ready() -> bool:
             return seq in box
@@ -231,6 +308,37 @@ class SimWorld:
             return f"recv(src={src}, tag={tag}) at {where}; rank {src} has sent no such message"
 
         return SimHandle(self, rank, ready, take, describe)
+
+    def settle_sends(self, rank: int) -> None:
+        """At the end of rank's program (rendezvous): wait until every send it started has
+        been matched by a posted recv; one never matched ends in a DeadlockError."""
+        with self.cond:
+            mine = self.unsettled.pop(rank, [])
+            if not mine:
+                return
+
+            def open_sends() -> list:
+                return [m for m in mine if self.posted.get(m[0], 0) <= m[1]]
+
+            def describe() -> str:
+                sends = "; ".join(f"send(dst={dst}, tag={tag}) at {where}"
+                                  for _, _, dst, tag, where in open_sends())
+                return (f"the end of its program, for sends no rank has posted a recv for "
+                        f"({sends}): a send completes only once its receiver posts the recv "
+                        "(sends='rendezvous'), so a program cannot end with a send nobody "
+                        "receives; post the recv on the receiving rank, or drop the send")
+
+            self.block_until(rank, lambda: not open_sends(), describe)
+
+    def unreceived(self) -> list[str]:
+        """Messages no rank ever posted a recv for (eager sends), one line each."""
+        lines = []
+        for (src, dst, tag), box in sorted(self.mail.items()):
+            for seq, msg in sorted(box.items()):
+                if seq >= self.posted.get((src, dst, tag), 0):
+                    lines.append(f"rank {src} -> rank {dst}, tag {tag}: message #{seq} sent at "
+                                 f"{msg.where} was never received")
+        return lines
 
 
 def _dealias(results: list, payloads: list) -> list:
