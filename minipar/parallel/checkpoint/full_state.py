@@ -59,8 +59,9 @@ def read(path_or_dir: PathLike) -> tuple[dict[str, np.ndarray], dict]:
 
 def load(engine, path_or_dir: PathLike) -> None:
     """Restore a checkpoint of either form into `engine` (or parallelize's run), on every
-    rank: weights, float32 masters, Adam's m and v and the step count, bit for bit, whatever
-    layout wrote it. Reads files only (no communication)."""
+    rank: weights, float32 masters, Adam's m and v, the step count and the dropout
+    generator's state, bit for bit, whatever layout wrote it. Reads files only (no
+    communication)."""
     e, _ = unwrap(engine)
     sd, meta = read(path_or_dir)
     if meta.get("dtype") != e.dtype.name:
@@ -80,6 +81,10 @@ def load(engine, path_or_dir: PathLike) -> None:
                 f"{list(e.param_shapes[pl.name])} block of it); was it written for this model?")
         local[key] = full if pl is None else pl.block(full)
     e.load_full_state_dict(local)  # missing or unexpected names are refused there
+    state = meta.get("dropout_generator")
+    generator = getattr(e.model, "dropout_generator", None)
+    if state is not None and generator is not None:  # the masks go on where they stopped
+        generator.bit_generator.state = state
 
 
 def parameter_of(key: str) -> Optional[str]:

@@ -157,7 +157,16 @@ def describe(layout: RankLayout, engine, form: str, save_id: str) -> dict[str, A
             "stage": engine.stage, "dtype": engine.dtype.name, "step": layout.state.step,
             "state_kinds": layout.state_kinds, "mesh": dict(layout.sizes),
             "units": describe_units(layout), "params": describe_params(layout),
-            "config": config_of(engine.model)}
+            "config": config_of(engine.model),
+            "dropout_generator": generator_state(engine.model)}
+
+
+def generator_state(model) -> Optional[dict]:
+    """The state of the model's dropout generator (numpy's PCG64 state, JSON-ready: Python
+    ints), the same on every rank, so that a resumed run draws the masks the uninterrupted
+    run would (torch checkpoints save torch.get_rng_state() for the same reason)."""
+    generator = getattr(model, "dropout_generator", None)
+    return None if generator is None else generator.bit_generator.state
 
 
 def rank_layout(engine, groups=None) -> RankLayout:

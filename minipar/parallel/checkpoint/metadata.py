@@ -3,7 +3,8 @@ before it is used, so a damaged index or JSON is refused by name, never crashes 
 
     check_meta(meta, where, form)   kind and form, save_id, dtype, step, state_kinds, the
                                     mesh's sizes, the units' flat layouts, the params' full
-                                    shapes and partitioned dimensions, the config
+                                    shapes and partitioned dimensions, the config, the
+                                    dropout generator's state
     check_table(table, where)       the index's "arrays" table: a shape and dtype per array
 
 Both forms write the same metadata (consolidated files ignore the units, but a reader
@@ -47,6 +48,16 @@ def _unit(u: Any) -> bool:
                     for p in u["params"]))
 
 
+def _generator(g: Any) -> bool:
+    """None (a model without one), or numpy's PCG64 state as bit_generator.state gives it."""
+    if g is None:
+        return True
+    inner = g.get("state") if isinstance(g, dict) else None
+    return (g.get("bit_generator") == "PCG64" and isinstance(inner, dict)
+            and all(_count(inner.get(k)) for k in ("state", "inc"))
+            and _count(g.get("has_uint32")) and _count(g.get("uinteger")))
+
+
 def check_meta(meta: Any, where: Any, form: str) -> dict:
     """`meta`, once every field a reader of `form` ("sharded", "consolidated") uses is there
     with the right type; refused naming the fields that are not."""
@@ -67,6 +78,8 @@ def check_meta(meta: Any, where: Any, form: str) -> dict:
          "params: {name: {shape, partitioned: {} or {'tp': a dimension}}}"),
         (meta.get("config") is None or isinstance(meta.get("config"), dict),
          "config: a GPTConfig's fields or null"),
+        (_generator(meta.get("dropout_generator")),
+         "dropout_generator: a PCG64 state {bit_generator, state: {state, inc}, ...} or null"),
     ] if not ok]
     if wrong:
         raise CheckpointError(f"{where}: the checkpoint's metadata is damaged; expected "

@@ -77,16 +77,12 @@ def build(kit, cfg, layout, sp=False, max_grad_norm=CLIP):
 
 
 def session(kit, cfg, layout, batches, *, sp=False, load_from=None, resave_to=None,
-            save_to=None, form="sharded", dropout_state=None):
+            save_to=None, form="sharded"):
     """On every rank of `layout`: load (then save again right away, if asked), train
-    `batches`, save. Returns (global losses per step, the gathered state at the end).
-    `dropout_state`: the dropout generator's state to resume from (as a training script
-    saves torch.get_rng_state() beside its checkpoint)."""
+    `batches`, save. Returns (global losses per step, the gathered state at the end)."""
 
     def program(ctx):
         obj, step, state = build(kit, cfg, layout, sp)
-        if dropout_state is not None:
-            obj.model.dropout_generator.bit_generator.state = dropout_state
         if load_from is not None:
             ck.load(obj, load_from)
         if resave_to is not None:
@@ -182,17 +178,18 @@ def test_a_dp2_tp2_zero1_checkpoint_continues_on_every_layout(dpkit, tmp_path):
     first, _ = session(dpkit, cfg, saver, batches[:2], sp=True, save_to=tmp_path / "ckpt")
     saved = ck.read_full_state(tmp_path / "ckpt")
     assert int(saved["meta/step"]) == 2
+    index = json.loads((tmp_path / "ckpt" / "index.json").read_text())
+    assert index["meta"]["dropout_generator"] == dropout_state_after(cfg, batches[:2])
     for i, (layout, sp) in enumerate([((ParallelDims(tp=4), 3), False),
                                       ((ParallelDims(tp=4), 3), True),
                                       ((ParallelDims(dp_shard=4), 2), False),
                                       ((None, None), False)]):
         again = tmp_path / f"again{i}"
-        # the dropout generator as the first 2 steps left it (every step draws fresh masks;
-        # the checkpoint holds no generator state). What was loaded is the file's state,
-        # not the initialisation: saved again right away, it reads back identical
+        # every step draws fresh masks: the checkpoint holds the dropout generator as the
+        # first 2 steps left it. What was loaded is the file's state, not the
+        # initialisation: saved again right away, it reads back identical
         losses, state = session(dpkit, cfg, layout, batches[2:], sp=sp,
-                                load_from=tmp_path / "ckpt", resave_to=again,
-                                dropout_state=dropout_state_after(cfg, batches[:2]))
+                                load_from=tmp_path / "ckpt", resave_to=again)
         dpkit.assert_state_equal(ck.read_full_state(again), saved)
         dpkit.assert_close(losses, straight[2:], what=f"losses resumed on {layout}")
         assert_continues(dpkit, state, end)
