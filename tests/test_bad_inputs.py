@@ -657,3 +657,11 @@ def _group_of_launch(world_size):
 
 def _parallel_groups(rank=None, **sizes):
     return ParallelGroups(ParallelDims(**sizes), rank=rank)
+
+
+def test_the_tables_list_at_least_sixty_distinct_bad_inputs():
+    ids = [" ".join(a) for a, _ in CLI_CASES] + [c[0] for c in
+                                                 RUNTIME_CASES + MODEL_CASES + CHECKPOINT_CASES]
+    assert len(ids) == len(set(ids)), "every case once"
+    assert len(ids) >= 60
+    assert all(table for table in (CLI_CASES, RUNTIME_CASES, MODEL_CASES, CHECKPOINT_CASES))
