@@ -51,7 +51,7 @@ def clear_error(exc: BaseException) -> bool:
     return os.path.abspath(innermost).startswith(MINIPAR) and len(str(exc)) >= 20
 
 
-def outcome(fn, sane=None):
+def check_outcome(fn, sane=None):
     """None on success (and then `sane(result)` must hold: nonsense accepted silently is a
     wrong answer, not a success), else the exception, which must be a clear error."""
     try:
@@ -130,7 +130,7 @@ def _refuse_to_train(cfg, on_step=None):
 @FUZZ
 @given(n=NASTY, g=NASTY)
 def test_topology_nodes(n, g):
-    outcome(lambda: mp.Topology.nodes(n, g),
+    check_outcome(lambda: mp.Topology.nodes(n, g),
             lambda t: count(t.num_nodes) and count(t.gpus_per_node) and count(t.world_size))
 
 
@@ -139,7 +139,7 @@ def test_topology_nodes(n, g):
 @given(shape=st.one_of(NASTY, st.lists(NASTY, max_size=3)), names=st.one_of(
     NASTY, st.lists(st.sampled_from(["dp", "tp", "pp", "dp", ""]), max_size=3)))
 def test_device_mesh(shape, names):
-    outcome(lambda: mp.DeviceMesh(shape, names),
+    check_outcome(lambda: mp.DeviceMesh(shape, names),
             lambda m: all(count(d) for d in m.shape) and len(set(m.mesh_dim_names)) == len(
                 m.shape) and all(isinstance(n, str) and n for n in m.mesh_dim_names))
 
@@ -149,7 +149,7 @@ def test_device_mesh(shape, names):
 @given(kw=st.dictionaries(st.sampled_from(["dp_replicate", "dp_shard", "pp", "tp", "cp", "ep",
                                            "order"]), NASTY, max_size=4))
 def test_parallel_dims(kw):
-    outcome(lambda: ParallelDims(**kw),
+    check_outcome(lambda: ParallelDims(**kw),
             lambda d: all(count(v) for v in d.sizes().values()) and count(d.world_size))
 
 
@@ -169,7 +169,7 @@ def test_gpt_config(kw):
                 and math.isfinite(c.init_std) and c.init_std >= 0
                 and math.isfinite(c.layernorm_eps) and c.layernorm_eps > 0
                 and isinstance(c.tie_embeddings, bool) and isinstance(c.seed, int))
-    outcome(lambda: GPTConfig(**kw), sane)
+    check_outcome(lambda: GPTConfig(**kw), sane)
 
 
 @pytest.mark.timeout(120)
@@ -180,7 +180,7 @@ def test_launch(world, algorithm, backend):
     def run():  # worlds NASTY draws are at most 12 ranks, or absurd (refused)
         mp.launch(lambda ctx: mp.all_reduce(np.ones(2)), world, algorithm=algorithm,
                   backend=backend)
-    outcome(run)
+    check_outcome(run)
 
 
 TINY = GPTConfig(vocab_size=8, seq_len=4, hidden=4, num_heads=2, num_layers=1)
@@ -197,7 +197,7 @@ def test_data_parallel_engines(stage, kw):
             from minipar.nn import GPT
             zero_engine(GPT(TINY), stage=stage, **kw)
         mp.launch(program, 2)
-    outcome(run)
+    check_outcome(run)
 
 
 @pytest.mark.timeout(120)
@@ -211,7 +211,7 @@ def test_tensor_parallel_gpt(tp, heads, sp, shard):
         def program(ctx):
             TensorParallelGPT(cfg, ctx.world, sequence_parallel=sp, batch_shard=shard)
         mp.launch(program, tp)
-    outcome(run)
+    check_outcome(run)
 
 
 def test_the_judge_tells_a_clear_error_from_a_deep_one():
