@@ -18,12 +18,12 @@ of which parameter) is parallel/checkpoint's business.
 """
 
 from .arrays import FORMAT, load_arrays, save_arrays
-from .atomic import VERSION, check_writable, check_writable_dir, checkpoint_paths
+from .atomic import VERSION, check_writable, check_writable_dir, checkpoint_paths, write_json
 from .errors import CheckpointError, PickledCheckpointError
 from .sharded import (INDEX_NAME, SHARDED_FORMAT, consolidate, load_sharded,
                       save_consolidated, save_sharded, shard_file_stem)
 
 __all__ = ["FORMAT", "SHARDED_FORMAT", "VERSION", "INDEX_NAME", "CheckpointError",
            "PickledCheckpointError", "checkpoint_paths", "check_writable", "check_writable_dir",
-           "save_arrays", "load_arrays", "shard_file_stem", "save_sharded", "load_sharded", "consolidate",
-           "save_consolidated"]
+           "save_arrays", "load_arrays", "shard_file_stem", "save_sharded", "load_sharded",
+           "consolidate", "save_consolidated", "write_json"]

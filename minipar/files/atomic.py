@@ -124,3 +124,9 @@ def read_json(file: Path, expected_format: str) -> dict:
         raise CheckpointError(f"{file} has format version {doc.get('version')!r}; this "
                               f"minipar reads version {VERSION}")
     return doc
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """doc -> path atomically: JSON in a temporary file beside it, fsynced, then os.replace."""
+    body = json_bytes(doc, str(path))
+    replace_all([(temp_file(path, lambda f: f.write(body)), path)])

@@ -41,8 +41,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from .arrays import read_checkpoint, save_arrays, write_checkpoint
-from .atomic import (PathLike, VERSION, check_writable_dir, checkpoint_paths, json_bytes,
-                     read_json, replace_all, temp_file)
+from .atomic import (PathLike, VERSION, check_writable_dir, checkpoint_paths, read_json, write_json)
 from .errors import CheckpointError
 
 SHARDED_FORMAT = "minipar-sharded-checkpoint"
@@ -109,8 +108,7 @@ def save_sharded(dirpath: PathLike, rank: int, world_size: int,
         index = {"format": SHARDED_FORMAT, "version": VERSION, "world_size": world_size,
                  "save_id": save_id, "files": [shard_file_stem(r) for r in range(world_size)],
                  "arrays": layout, "meta": dict(meta)}
-        body = json_bytes(index, str(d / INDEX_NAME))
-        replace_all([(temp_file(d / INDEX_NAME, lambda f: f.write(body)), d / INDEX_NAME)])
+        write_json(d / INDEX_NAME, index)
 
 
 def load_sharded(dirpath: PathLike) -> tuple[list[dict[str, np.ndarray]], dict]:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Union
@@ -81,7 +80,7 @@ def save_sharded(engine, dirpath: PathLike, groups=None) -> None:
                            "coordinate": layout.coordinate})
     _barrier(layout)  # every file is written: the index may now point at them
     if layout.writes and layout.file_number == 0:
-        _write_json(d / files.INDEX_NAME, _index(layout, e, save_id, arrays))
+        files.write_json(d / files.INDEX_NAME, _index(layout, e, save_id, arrays))
     _barrier(layout)  # nobody leaves before the index exists (a load may follow)
 
 
@@ -112,22 +111,6 @@ def _index(layout: RankLayout, engine, save_id: str, arrays: dict[str, np.ndarra
             "files": [{"file": files.shard_file_stem(n), "coordinate": c}
                       for n, c in enumerate(coords)],
             "arrays": table, "meta": describe(layout, engine, "sharded", save_id)}
-
-
-def _write_json(path: Path, doc: dict) -> None:
-    """doc -> path atomically: a temporary file beside it, fsynced, then os.replace."""
-    body = json.dumps(doc, indent=1).encode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # ---- reading ---------------------------------------------------------------------------
