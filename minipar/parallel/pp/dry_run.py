@@ -1,0 +1,228 @@
+"""The dry run: lowered action lists executed on a clock, with no arithmetic on tensors.
+
+Each rank runs its list in order on two streams, as the runtime's clock does (p2p.py):
+
+    F, B, I, W   compute:  start = now,  now += duration[kind][stage]
+    SEND         isend:    start = max(now, p2p),  arrives = start + p2p_cost,  p2p = arrives
+    RECV         wait:     now = max(now, arrival of the matching SEND)
+    end of list  the rank waits for its sends:  finish = max(now, p2p)
+
+so compute actions are serial on a rank and a receive waits for its send. Durations may
+be numbers or Fractions (then every result is exact). From the clock:
+
+    makespan   = max over ranks of finish                     the step's time
+    busy_r     = sum of rank r's compute durations            ideal: the step with no bubble
+    idle_r     = makespan - busy_r                            the bubble on rank r
+    bubble_over_ideal = sum idle / sum busy    = (p - 1)/m        with equal stages, no p2p
+    bubble_over_total = sum idle / (p·makespan) = (p - 1)/(m + p - 1)
+The first is the papers' "bubble fraction" (GPipe, Megatron-LM: bubble time over ideal
+time); the second is the share of the step a rank stands idle, 1 - MFU's pipeline bound.
+
+In flight: the micro-batches whose activations a rank holds, +1 at sF i, -1 at sB i (at sW
+i when the backward is split: W still reads the saved inputs). peak_in_flight counts
+(stage, micro-batch) pairs; peak_activations divides by the rank's stage count, in units
+of one micro-batch through all of the rank's layers (v chunks each hold 1/v of them).
+
+Before any clock runs, the lists are checked: the compute rules (validate_schedule), every
+RECV matched by one SEND of the same message and the reverse, every cross-rank input
+received before it is used, and no deadlock: a rank may pass a RECV only once the SEND has
+been reached; if every unfinished rank waits, DeadlockError names who waits on what.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from numbers import Real
+from typing import Callable, Mapping, Sequence, Union
+
+from .actions import (B, F, I, RECV_B, RECV_F, SEND_B, SEND_F, W, Action, Schedule,
+                      ScheduleError)
+from .lowering import Message, message
+from .validate import DeadlockError, ScheduleInfo, validate_schedule
+
+Durations = Mapping[str, Union[Real, Sequence[Real]]]  # "F" -> seconds, or one per stage
+
+
+@dataclass(frozen=True)
+class Span:
+    """One action's simulated interval on its rank (a SEND's is on the p2p stream)."""
+
+    action: Action
+    start: Real
+    end: Real
+
+
+@dataclass(frozen=True)
+class DryRun:
+    makespan: Real
+    busy: tuple            # per rank: seconds of compute
+    idle: tuple            # per rank: makespan - busy
+    finish: tuple          # per rank: when its last action (or send) ends
+    bubble_over_ideal: Real  # sum idle / sum busy: (p - 1)/m for GPipe and 1F1B
+    bubble_over_total: Real  # sum idle / (p · makespan): (p - 1)/(m + p - 1)
+    peak_in_flight: tuple    # per rank: most (stage, micro-batch) pairs held at once
+    peak_activations: tuple  # per rank: peak_in_flight / stages on the rank (Fraction)
+    timeline: tuple          # per rank: tuple of Span, in list order
+    info: ScheduleInfo
+
+
+def _ratio(a: Real, b: Real) -> Real:
+    if b == 0:
+        return 0 * a
+    return Fraction(a, b) if isinstance(a, int) and isinstance(b, int) else a / b
+
+
+def _table(durations: Durations, kinds: set, S: int) -> dict:
+    """kind -> per-stage durations, checked."""
+    if not isinstance(durations, Mapping):
+        raise ScheduleError(f"durations is a mapping like {{'F': 1.0, 'B': 2.0}}, got "
+                            f"{durations!r}")
+    table = {}
+    for kind in sorted(kinds, key=lambda k: k.value):
+        value = durations.get(kind.value, durations.get(kind))
+        if value is None:
+            raise ScheduleError(f"durations has no {kind.value!r} but the schedule runs "
+                                f"{kind.value} actions: give seconds, or one per stage")
+        per_stage = list(value) if isinstance(value, (list, tuple)) else [value] * S
+        if len(per_stage) != S:
+            raise ScheduleError(f"durations[{kind.value!r}] has {len(per_stage)} values; "
+                                f"the schedule has {S} stages: give one per stage or one number")
+        for t in per_stage:
+            if not isinstance(t, Real) or isinstance(t, bool) or t < 0:
+                raise ScheduleError(f"durations[{kind.value!r}] holds {t!r}: a duration is "
+                                    f"a number of seconds >= 0")
+        table[kind] = per_stage
+    return table
+
+
+def _messages(lowered: Schedule, info: ScheduleInfo) -> dict[Message, tuple]:
+    """Message -> ((send rank, position), (recv rank, position)); every rule checked."""
+    where, found = info.placement, {}
+    for r, row in enumerate(lowered):
+        held = set()  # inputs received on this rank so far
+        for pos, a in enumerate(row):
+            if a.is_communication:
+                if where[a.stage] != r:
+                    raise ScheduleError(f"rank {r}: {a} acts for stage {a.stage}, which "
+                                        f"lives on rank {where[a.stage]}")
+                msg = message(a, where)
+                side = 0 if a.kind in (SEND_F, SEND_B) else 1
+                ends = found.setdefault(msg, [None, None])
+                if ends[side] is not None:
+                    raise ScheduleError(f"rank {r}: {a} appears twice (positions "
+                                        f"{ends[side][1]} and {pos}): one message each")
+                ends[side] = (r, pos)
+                if side:
+                    held.add(a)
+            elif a.kind == F and a.stage > 0 and where[a.stage - 1] != r:
+                _need(held, Action(a.stage, RECV_F, a.microbatch), a, r, pos)
+            elif a.kind in (B, I) and a.stage + 1 < info.stages and where[a.stage + 1] != r:
+                _need(held, Action(a.stage, RECV_B, a.microbatch), a, r, pos)
+    for msg, (send, recv) in found.items():
+        if send is None:
+            raise ScheduleError(f"rank {recv[0]}: {msg.recv} waits for {msg.send}, which "
+                                f"rank {msg.src} never runs")
+        if recv is None:
+            raise ScheduleError(f"rank {send[0]}: {msg.send} is never received: rank "
+                                f"{msg.dst} has no {msg.recv} (a rendezvous send would "
+                                f"wait forever)")
+    return {m: tuple(v) for m, v in found.items()}
+
+
+def _need(held: set, recv: Action, a: Action, r: int, pos: int) -> None:
+    if recv not in held:
+        raise ScheduleError(f"rank {r}: {a} (position {pos}) uses stage "
+                            f"{recv.stage - 1 if recv.kind == RECV_F else recv.stage + 1}'s "
+                            f"tensor from another rank, but no {recv} comes before it; "
+                            f"lower the compute schedule with lower(actions)")
+
+
+def check_deadlock(lowered: Schedule, info: ScheduleInfo) -> None:
+    """Run the lists on messages alone: DeadlockError if every unfinished rank waits."""
+    ends = _messages(lowered, info)
+    at, sent = [0] * len(lowered), set()
+    progress = True
+    while progress:
+        progress = False
+        for r, row in enumerate(lowered):
+            while at[r] < len(row):
+                a = row[at[r]]
+                if a.kind in (RECV_F, RECV_B) and message(a, info.placement) not in sent:
+                    break
+                if a.kind in (SEND_F, SEND_B):
+                    sent.add(message(a, info.placement))
+                at[r] += 1
+                progress = True
+    stuck = [r for r, row in enumerate(lowered) if at[r] < len(row)]
+    if stuck:
+        lines = []
+        for r in stuck:
+            a = lowered[r][at[r]]
+            msg = message(a, info.placement)
+            q, pos = ends[msg][0]
+            lines.append(f"rank {r} waits at {a} (position {at[r]}) for {msg.send}, which "
+                         f"rank {q} runs at position {pos} but is itself waiting at "
+                         f"{lowered[q][at[q]]} (position {at[q]})")
+        raise DeadlockError("these lists deadlock, every unfinished rank waits on a "
+                            "receive:\n  " + "\n  ".join(lines))
+
+
+def dry_run(lowered: Schedule, durations: Durations,
+            p2p: Union[Real, Callable[[Action], Real]] = 0) -> DryRun:
+    """Time lowered lists (lower(schedule(...))): durations per kind ("F", "B", "I", "W")
+    as seconds or one per stage; p2p: seconds per message, or a function of the SEND."""
+    info = validate_schedule(lowered)
+    check_deadlock(lowered, info)
+    table = _table(durations, {a.kind for row in lowered for a in row if a.is_compute},
+                   info.stages)
+    cost = p2p if callable(p2p) else (lambda a: p2p)
+    P = len(lowered)
+    now, stream, busy, at = [0] * P, [0] * P, [0] * P, [0] * P
+    spans: list[list[Span]] = [[] for _ in range(P)]
+    arrival: dict[Message, Real] = {}
+    while any(at[r] < len(lowered[r]) for r in range(P)):
+        for r, row in enumerate(lowered):  # deadlock-free: some rank always moves on
+            while at[r] < len(row):
+                a = row[at[r]]
+                if a.is_compute:
+                    t = table[a.kind][a.stage]
+                    spans[r].append(Span(a, now[r], now[r] + t))
+                    now[r] += t
+                    busy[r] += t
+                elif a.kind in (SEND_F, SEND_B):
+                    start = max(now[r], stream[r])
+                    stream[r] = start + cost(a)
+                    arrival[message(a, info.placement)] = stream[r]
+                    spans[r].append(Span(a, start, stream[r]))
+                else:
+                    msg = message(a, info.placement)
+                    if msg not in arrival:
+                        break
+                    end = max(now[r], arrival[msg])
+                    spans[r].append(Span(a, now[r], end))
+                    now[r] = end
+                at[r] += 1
+    finish = tuple(max(n, s) for n, s in zip(now, stream))
+    makespan = max(finish)
+    idle = tuple(makespan - b for b in busy)
+    peak = peak_in_flight(lowered)
+    return DryRun(makespan, tuple(busy), idle, finish,
+                  _ratio(sum(idle), sum(busy)), _ratio(sum(idle), P * makespan),
+                  tuple(peak),
+                  tuple(Fraction(peak[r], len(info.stages_of(r))) for r in range(P)),
+                  tuple(tuple(s) for s in spans), info)
+
+
+def peak_in_flight(actions: Schedule) -> list[int]:
+    """Per rank, the most (stage, micro-batch) pairs with F done and B (or W) not yet."""
+    split = any(a.kind in (I, W) for row in actions for a in row)
+    release = W if split else B
+    peaks = []
+    for row in actions:
+        held = peak = 0
+        for a in row:
+            held += (a.kind == F) - (a.kind == release)
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
