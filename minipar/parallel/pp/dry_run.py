@@ -97,41 +97,54 @@ def _table(durations: Durations, kinds: set, S: int) -> dict:
 
 
 def _messages(lowered: Schedule, info: ScheduleInfo) -> dict[Message, tuple]:
-    """Message -> ((send rank, position), (recv rank, position)); every rule checked."""
+    """Message -> ((send rank, position), (recv rank, position)), every rule checked: a
+    SEND follows the action that made its tensor, a RECV comes before the action that
+    uses it, one of each per message, each on its stage's rank, never within one rank."""
     where, found = info.placement, {}
     for r, row in enumerate(lowered):
-        held = set()  # inputs received on this rank so far
+        seen: set[Action] = set()  # what this rank has run so far
         for pos, a in enumerate(row):
             if a.is_communication:
-                if where[a.stage] != r:
-                    raise ScheduleError(f"rank {r}: {a} acts for stage {a.stage}, which "
-                                        f"lives on rank {where[a.stage]}")
-                msg = message(a, where)
-                side = 0 if a.kind in (SEND_F, SEND_B) else 1
-                ends = found.setdefault(msg, [None, None])
-                if ends[side] is not None:
-                    raise ScheduleError(f"rank {r}: {a} appears twice (positions "
-                                        f"{ends[side][1]} and {pos}): one message each")
-                ends[side] = (r, pos)
-                if side:
-                    held.add(a)
+                _check_end(a, r, pos, where, seen, found, info.split_backward)
             elif a.kind == F and a.stage > 0 and where[a.stage - 1] != r:
-                _need(held, Action(a.stage, RECV_F, a.microbatch), a, r, pos)
+                _need(seen, Action(a.stage, RECV_F, a.microbatch), a, r, pos)
             elif a.kind in (B, I) and a.stage + 1 < info.stages and where[a.stage + 1] != r:
-                _need(held, Action(a.stage, RECV_B, a.microbatch), a, r, pos)
+                _need(seen, Action(a.stage, RECV_B, a.microbatch), a, r, pos)
+            seen.add(a)
     for msg, (send, recv) in found.items():
         if send is None:
             raise ScheduleError(f"rank {recv[0]}: {msg.recv} waits for {msg.send}, which "
                                 f"rank {msg.src} never runs")
-        if recv is None:
-            raise ScheduleError(f"rank {send[0]}: {msg.send} is never received: rank "
-                                f"{msg.dst} has no {msg.recv} (a rendezvous send would "
-                                f"wait forever)")
+    # a RECV missing for a SEND was refused above: its consumer found no RECV before it
     return {m: tuple(v) for m, v in found.items()}
 
 
-def _need(held: set, recv: Action, a: Action, r: int, pos: int) -> None:
-    if recv not in held:
+def _check_end(a: Action, r: int, pos: int, where: dict, seen: set, found: dict,
+               split: bool) -> None:
+    """One SEND or RECV: on its stage's rank, a peer on another rank, once, after its source."""
+    if where[a.stage] != r:
+        raise ScheduleError(f"rank {r}: {a} acts for stage {a.stage}, which lives on rank "
+                            f"{where[a.stage]}")
+    msg = message(a, where)
+    if msg.src == msg.dst:
+        raise ScheduleError(f"rank {r}: {a} would send between stages {msg.src_stage} and "
+                            f"{msg.dst_stage}, both on rank {r}: they share the tensor in "
+                            f"memory, with no message")
+    side = 0 if a.kind in (SEND_F, SEND_B) else 1
+    ends = found.setdefault(msg, [None, None])
+    if ends[side] is not None:
+        raise ScheduleError(f"rank {r}: {a} appears twice (positions {ends[side][1]} and "
+                            f"{pos}): one message each")
+    ends[side] = (r, pos)
+    if side == 0:
+        source = Action(a.stage, F if a.kind == SEND_F else I if split else B, a.microbatch)
+        if source not in seen:
+            raise ScheduleError(f"rank {r}: {a} (position {pos}) sends what {source} makes, "
+                                f"but {source} has not run before it on rank {r}")
+
+
+def _need(seen: set, recv: Action, a: Action, r: int, pos: int) -> None:
+    if recv not in seen:
         raise ScheduleError(f"rank {r}: {a} (position {pos}) uses stage "
                             f"{recv.stage - 1 if recv.kind == RECV_F else recv.stage + 1}'s "
                             f"tensor from another rank, but no {recv} comes before it; "
