@@ -20,7 +20,7 @@ communication kinds are added by one lowering step (lowering.py), never by hand.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections import namedtuple
 from enum import Enum
 from typing import Iterable, Union
 
@@ -51,26 +51,19 @@ _KINDS = "|".join(sorted((k.value for k in Kind), key=len, reverse=True))
 _PATTERN = re.compile(rf"(\d+)({_KINDS})(\d+)")
 
 
-@dataclass(frozen=True)
-class Action:
-    """One step of one rank: `stage` runs `kind` on `microbatch`. str() gives `2F0`."""
+class Action(namedtuple("Action", "stage kind microbatch")):
+    """One step of one rank: `stage` runs `kind` on `microbatch`. str() gives `2F0`.
 
-    stage: int
-    kind: Kind
-    microbatch: int
+    A named tuple, as torch's `_Action` is: cheap to build, hash and compare by the hundred
+    thousand (a 64-stage dry run holds that many)."""
 
-    def __post_init__(self) -> None:
-        for what in ("stage", "microbatch"):
-            value = getattr(self, what)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ScheduleError(f"Action {what} must be an integer >= 0, got {value!r}")
-        if not isinstance(self.kind, Kind):
-            try:
-                object.__setattr__(self, "kind", Kind(self.kind))
-            except ValueError:
-                raise ScheduleError(
-                    f"Action kind must be one of {', '.join(k.value for k in Kind)}; "
-                    f"got {self.kind!r}") from None
+    __slots__ = ()
+
+    def __new__(cls, stage: int, kind, microbatch: int) -> "Action":
+        if not (type(stage) is int and type(microbatch) is int and stage >= 0
+                and microbatch >= 0 and type(kind) is Kind):
+            kind = _checked(stage, kind, microbatch)
+        return super().__new__(cls, stage, kind, microbatch)
 
     def __str__(self) -> str:
         return f"{self.stage}{self.kind.value}{self.microbatch}"
@@ -97,6 +90,18 @@ class Action:
                 f"{', '.join(k.value for k in Kind)})")
         stage, kind, microbatch = match.groups()
         return Action(int(stage), Kind(kind), int(microbatch))
+
+
+def _checked(stage, kind, microbatch) -> Kind:
+    """The kind as a Kind, once stage and micro-batch are shown to be integers >= 0."""
+    for what, value in (("stage", stage), ("microbatch", microbatch)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ScheduleError(f"Action {what} must be an integer >= 0, got {value!r}")
+    try:
+        return Kind(kind)
+    except ValueError:
+        raise ScheduleError(f"Action kind must be one of {', '.join(k.value for k in Kind)}; "
+                            f"got {kind!r}") from None
 
 
 Schedule = list[list[Action]]  # one ordered list of actions per pipeline rank

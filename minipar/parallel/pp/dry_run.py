@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Real
-from typing import Callable, Mapping, Sequence, Union
+from typing import Callable, Mapping, NamedTuple, Sequence, Union
 
 from .actions import (B, F, I, RECV_B, RECV_F, SEND_B, SEND_F, W, Action, Schedule,
                       ScheduleError)
@@ -44,8 +44,7 @@ from .validate import DeadlockError, ScheduleInfo, validate_schedule
 Durations = Mapping[str, Union[Real, Sequence[Real]]]  # "F" -> seconds, or one per stage
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):
     """One action's simulated interval on its rank (a SEND's is on the p2p stream)."""
 
     action: Action
@@ -96,16 +95,18 @@ def _table(durations: Durations, kinds: set, S: int) -> dict:
     return table
 
 
-def _messages(lowered: Schedule, info: ScheduleInfo) -> dict[Message, tuple]:
-    """Message -> ((send rank, position), (recv rank, position)), every rule checked: a
-    SEND follows the action that made its tensor, a RECV comes before the action that
-    uses it, one of each per message, each on its stage's rank, never within one rank."""
-    where, found = info.placement, {}
+def _messages(lowered: Schedule, info: ScheduleInfo) -> tuple[dict, list]:
+    """(Message -> ((send rank, position), (recv rank, position)), per rank the Message of
+    each action or None), every rule checked: a SEND follows the action that made its
+    tensor, a RECV comes before the action that uses it, one of each per message, each on
+    its stage's rank, never within one rank."""
+    where, found, table = info.placement, {}, []
     for r, row in enumerate(lowered):
         seen: set[Action] = set()  # what this rank has run so far
+        table.append([None] * len(row))
         for pos, a in enumerate(row):
             if a.is_communication:
-                _check_end(a, r, pos, where, seen, found, info.split_backward)
+                table[r][pos] = _check_end(a, r, pos, where, seen, found, info.split_backward)
             elif a.kind == F and a.stage > 0 and where[a.stage - 1] != r:
                 _need(seen, Action(a.stage, RECV_F, a.microbatch), a, r, pos)
             elif a.kind in (B, I) and a.stage + 1 < info.stages and where[a.stage + 1] != r:
@@ -116,11 +117,11 @@ def _messages(lowered: Schedule, info: ScheduleInfo) -> dict[Message, tuple]:
             raise ScheduleError(f"rank {recv[0]}: {msg.recv} waits for {msg.send}, which "
                                 f"rank {msg.src} never runs")
     # a RECV missing for a SEND was refused above: its consumer found no RECV before it
-    return {m: tuple(v) for m, v in found.items()}
+    return {m: tuple(v) for m, v in found.items()}, table
 
 
 def _check_end(a: Action, r: int, pos: int, where: dict, seen: set, found: dict,
-               split: bool) -> None:
+               split: bool) -> Message:
     """One SEND or RECV: on its stage's rank, a peer on another rank, once, after its source."""
     if where[a.stage] != r:
         raise ScheduleError(f"rank {r}: {a} acts for stage {a.stage}, which lives on rank "
@@ -141,6 +142,7 @@ def _check_end(a: Action, r: int, pos: int, where: dict, seen: set, found: dict,
         if source not in seen:
             raise ScheduleError(f"rank {r}: {a} (position {pos}) sends what {source} makes, "
                                 f"but {source} has not run before it on rank {r}")
+    return msg
 
 
 def _need(seen: set, recv: Action, a: Action, r: int, pos: int) -> None:
@@ -151,34 +153,38 @@ def _need(seen: set, recv: Action, a: Action, r: int, pos: int) -> None:
                             f"lower the compute schedule with lower(actions)")
 
 
-def check_deadlock(lowered: Schedule, info: ScheduleInfo) -> None:
-    """Run the lists on messages alone: DeadlockError if every unfinished rank waits."""
-    ends = _messages(lowered, info)
+def check_deadlock(lowered: Schedule, info: ScheduleInfo) -> list[list]:
+    """Run the lists on messages alone: DeadlockError if every unfinished rank waits.
+    Returns, per rank, each action's Message (None for a compute action)."""
+    ends, msgs = _messages(lowered, info)
     at, sent = [0] * len(lowered), set()
     progress = True
     while progress:
         progress = False
         for r, row in enumerate(lowered):
-            while at[r] < len(row):
-                a = row[at[r]]
-                if a.kind in (RECV_F, RECV_B) and message(a, info.placement) not in sent:
-                    break
-                if a.kind in (SEND_F, SEND_B):
-                    sent.add(message(a, info.placement))
-                at[r] += 1
-                progress = True
+            mine, k = msgs[r], at[r]
+            while k < len(row):
+                msg, kind = mine[k], row[k].kind
+                if kind is RECV_F or kind is RECV_B:
+                    if msg not in sent:
+                        break
+                elif msg is not None:
+                    sent.add(msg)
+                k += 1
+            progress |= k > at[r]
+            at[r] = k
     stuck = [r for r, row in enumerate(lowered) if at[r] < len(row)]
     if stuck:
         lines = []
         for r in stuck:
-            a = lowered[r][at[r]]
-            msg = message(a, info.placement)
+            a, msg = lowered[r][at[r]], msgs[r][at[r]]
             q, pos = ends[msg][0]
             lines.append(f"rank {r} waits at {a} (position {at[r]}) for {msg.send}, which "
                          f"rank {q} runs at position {pos} but is itself waiting at "
                          f"{lowered[q][at[q]]} (position {at[q]})")
         raise DeadlockError("these lists deadlock, every unfinished rank waits on a "
                             "receive:\n  " + "\n  ".join(lines))
+    return msgs
 
 
 def dry_run(lowered: Schedule, durations: Durations,
@@ -186,7 +192,7 @@ def dry_run(lowered: Schedule, durations: Durations,
     """Time lowered lists (lower(schedule(...))): durations per kind ("F", "B", "I", "W")
     as seconds or one per stage; p2p: seconds per message, or a function of the SEND."""
     info = validate_schedule(lowered)
-    check_deadlock(lowered, info)
+    msgs = check_deadlock(lowered, info)
     table = _table(durations, {a.kind for row in lowered for a in row if a.is_compute},
                    info.stages)
     cost = p2p if callable(p2p) else (lambda a: p2p)
@@ -197,19 +203,18 @@ def dry_run(lowered: Schedule, durations: Durations,
     while any(at[r] < len(lowered[r]) for r in range(P)):
         for r, row in enumerate(lowered):  # deadlock-free: some rank always moves on
             while at[r] < len(row):
-                a = row[at[r]]
-                if a.is_compute:
+                a, msg = row[at[r]], msgs[r][at[r]]
+                if msg is None:  # compute
                     t = table[a.kind][a.stage]
                     spans[r].append(Span(a, now[r], now[r] + t))
                     now[r] += t
                     busy[r] += t
-                elif a.kind in (SEND_F, SEND_B):
+                elif a.kind is SEND_F or a.kind is SEND_B:
                     start = max(now[r], stream[r])
                     stream[r] = start + cost(a)
-                    arrival[message(a, info.placement)] = stream[r]
+                    arrival[msg] = stream[r]
                     spans[r].append(Span(a, start, stream[r]))
                 else:
-                    msg = message(a, info.placement)
                     if msg not in arrival:
                         break
                     end = max(now[r], arrival[msg])

@@ -33,8 +33,7 @@ order of arrivals between two ranks never matters: message(action, where).tag.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from .actions import (B, F, I, RECV_B, RECV_F, SEND_B, SEND_F, Action, Kind, Schedule,
                       ScheduleError)
@@ -75,8 +74,7 @@ def lower(actions: Schedule) -> Schedule:
     return lowered
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
     """What one SEND/RECV pair moves: activations (kind F) or gradients (kind B)."""
 
     kind: Kind         # F: output activations of src_stage; B: gradient of src_stage's input
