@@ -20,10 +20,12 @@ from .actions import (B, COMMUNICATION, COMPUTE, F, I, RECV_B, RECV_F, SEND_B, S
 from .dry_run import DryRun, Span, check_deadlock, dry_run, peak_in_flight
 from .lowering import Message, lower, message
 from .schedules import SCHEDULES, gpipe, interleaved_1f1b, one_f_one_b, schedule
-from .validate import DeadlockError, ScheduleInfo, validate_schedule
+from .validate import ScheduleDeadlockError, ScheduleInfo, validate_schedule
 
-__all__ = ["Action", "Kind", "F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B",
-           "COMPUTE", "COMMUNICATION", "ScheduleError", "DeadlockError", "parse_schedule",
+# F, B, I, W are importable by name (from minipar.parallel.pp import F, B) but left out of
+# __all__, so that minipar.parallel's namespace gets no one-letter names; Kind.F spells them.
+__all__ = ["Action", "Kind", "SEND_F", "RECV_F", "SEND_B", "RECV_B",
+           "COMPUTE", "COMMUNICATION", "ScheduleError", "ScheduleDeadlockError", "parse_schedule",
            "format_schedule", "placement", "schedule", "SCHEDULES", "gpipe", "one_f_one_b",
            "interleaved_1f1b", "validate_schedule", "ScheduleInfo", "lower", "message",
            "Message", "dry_run", "DryRun", "Span", "check_deadlock", "peak_in_flight"]

@@ -26,7 +26,7 @@ of one micro-batch through all of the rank's layers (v chunks each hold 1/v of t
 Before any clock runs, the lists are checked: the compute rules (validate_schedule), every
 RECV matched by one SEND of the same message and the reverse, every cross-rank input
 received before it is used, and no deadlock: a rank may pass a RECV only once the SEND has
-been reached; if every unfinished rank waits, DeadlockError names who waits on what.
+been reached; if every unfinished rank waits, ScheduleDeadlockError names who waits on what.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence, Union
 from .actions import (B, F, I, RECV_B, RECV_F, SEND_B, SEND_F, W, Action, Schedule,
                       ScheduleError)
 from .lowering import Message, message
-from .validate import DeadlockError, ScheduleInfo, validate_schedule
+from .validate import ScheduleDeadlockError, ScheduleInfo, validate_schedule
 
 Durations = Mapping[str, Union[Real, Sequence[Real]]]  # "F" -> seconds, or one per stage
 
@@ -154,7 +154,7 @@ def _need(seen: set, recv: Action, a: Action, r: int, pos: int) -> None:
 
 
 def check_deadlock(lowered: Schedule, info: ScheduleInfo) -> list[list]:
-    """Run the lists on messages alone: DeadlockError if every unfinished rank waits.
+    """Run the lists on messages alone: ScheduleDeadlockError if every unfinished rank waits.
     Returns, per rank, each action's Message (None for a compute action)."""
     ends, msgs = _messages(lowered, info)
     at, sent = [0] * len(lowered), set()
@@ -182,7 +182,7 @@ def check_deadlock(lowered: Schedule, info: ScheduleInfo) -> list[list]:
             lines.append(f"rank {r} waits at {a} (position {at[r]}) for {msg.send}, which "
                          f"rank {q} runs at position {pos} but is itself waiting at "
                          f"{lowered[q][at[q]]} (position {at[q]})")
-        raise DeadlockError("these lists deadlock, every unfinished rank waits on a "
+        raise ScheduleDeadlockError("these lists deadlock, every unfinished rank waits on a "
                             "receive:\n  " + "\n  ".join(lines))
     return msgs
 

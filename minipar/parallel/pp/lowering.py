@@ -104,8 +104,8 @@ def message(action: Action, where: Mapping[int, int]) -> Message:
     forward = action.kind in (SEND_F, RECV_F)
     dst_stage = src_stage + 1 if forward else src_stage - 1
     if not (0 <= src_stage < S and 0 <= dst_stage < S):
-        raise ScheduleError(f"{action} has no peer: stages are 0..{S - 1}, and "
-                            f"{'activations go from s to s + 1' if forward else 'gradients go from s to s - 1'}")
+        flow = "activations go from s to s + 1" if forward else "gradients go from s to s - 1"
+        raise ScheduleError(f"{action} has no peer: stages are 0..{S - 1}, and {flow}")
     boundary = min(src_stage, dst_stage)
     return Message(F if forward else B, src_stage, dst_stage, i, where[src_stage],
                    where[dst_stage], 2 * (i * S + boundary) + (0 if forward else 1))

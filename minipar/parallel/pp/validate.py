@@ -24,7 +24,7 @@ from typing import Optional
 from .actions import B, F, I, W, Action, Schedule, ScheduleError, placement
 
 
-class DeadlockError(ScheduleError):
+class ScheduleDeadlockError(ScheduleError):
     """Every unfinished rank waits on an action no rank can reach: the schedule never ends."""
 
 
@@ -136,7 +136,7 @@ def _check_own_order(compute: Schedule) -> None:
 
 
 def _check_runnable(compute: Schedule, S: int, split: bool) -> None:
-    """Run the lists against their dependencies; DeadlockError if every rank waits."""
+    """Run the lists against their dependencies; ScheduleDeadlockError if every rank waits."""
     rank_of = {a: r for r, row in enumerate(compute) for a in row}
     at = [0] * len(compute)
     done: set[Action] = set()
@@ -161,6 +161,6 @@ def _check_runnable(compute: Schedule, S: int, split: bool) -> None:
                  f"which rank {q} has not reached: it waits at {compute[q][at[q]]}")
         lines.append(f"rank {r} waits at {a} (compute position {at[r]}) for {dep} "
                      f"({RULES[rule]}), {waits}")
-    raise DeadlockError("the schedule can never finish, every unfinished rank waits:\n  "
+    raise ScheduleDeadlockError("the schedule can never finish, every unfinished rank waits:\n  "
                         + "\n  ".join(lines))
 

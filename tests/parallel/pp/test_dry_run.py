@@ -6,7 +6,7 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, strategies as st
 
-from minipar.parallel.pp import (Action, DeadlockError, ScheduleError, dry_run, lower,
+from minipar.parallel.pp import (Action, ScheduleDeadlockError, ScheduleError, dry_run, lower,
                                  parse_schedule, schedule)
 
 p_ = st.integers(1, 8)
@@ -98,7 +98,7 @@ def test_a_split_backward_holds_activations_until_w():
 def test_a_deadlocking_lowered_schedule_is_reported_with_who_waits_on_what():
     # rank 0 waits for a gradient before it sends the activation that would produce it
     lowered = parse_schedule(["0F0 0RECV_B0 0SEND_F0 0B0", "1RECV_F0 1F0 1B0 1SEND_B0"])
-    with pytest.raises(DeadlockError) as err:
+    with pytest.raises(ScheduleDeadlockError) as err:
         dry_run(lowered, {"F": 1, "B": 2})
     assert str(err.value).splitlines()[1:] == [
         "  rank 0 waits at 0RECV_B0 (position 1) for 1SEND_B0, which rank 1 runs at position 3 "

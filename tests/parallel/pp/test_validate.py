@@ -2,7 +2,7 @@
 
 import pytest
 
-from minipar.parallel.pp import (DeadlockError, ScheduleError, format_schedule,
+from minipar.parallel.pp import (ScheduleDeadlockError, ScheduleError, format_schedule,
                                  parse_schedule, schedule, validate_schedule)
 
 
@@ -29,7 +29,7 @@ def test_swapping_a_backward_before_its_forward_is_refused():
 
 def test_swapping_two_actions_into_a_cycle_across_ranks_is_refused():
     good = schedule("gpipe", 2, 2)                  # rank 0: 0F0 0F1 0B0 0B1
-    message = _refused(_swap(good, 0, 1, 2), error=DeadlockError)  # 0F0 0B0 0F1 0B1
+    message = _refused(_swap(good, 0, 1, 2), error=ScheduleDeadlockError)  # 0F0 0B0 0F1 0B1
     assert message.splitlines()[1:] == [
         "  rank 0 waits at 0B0 (compute position 1) for 1B0 (the backward of stage s follows "
         "the backward of stage s + 1), which rank 1 has not reached: it waits at 1F1",
@@ -40,7 +40,7 @@ def test_swapping_two_actions_into_a_cycle_across_ranks_is_refused():
 def test_a_later_stage_first_on_its_own_rank_is_refused():
     # p = 1 with two chunks: stage 1's forward needs stage 0's, on the same rank
     _refused(["1F0 0F0 1B0 0B0"], "rank 0 waits at 1F0 (compute position 0) for 0F0",
-             "which rank 0 would run only later in its own list", error=DeadlockError)
+             "which rank 0 would run only later in its own list", error=ScheduleDeadlockError)
 
 
 def test_each_stage_and_microbatch_is_computed_once_per_kind():
