@@ -133,6 +133,9 @@ def placement(actions: Schedule) -> dict[int, int]:
     Raises ScheduleError if one stage's compute actions are on two ranks."""
     where: dict[int, tuple[int, Action]] = {}
     for rank, row in enumerate(actions):
+        if not isinstance(row, (list, tuple)):
+            raise ScheduleError(f"rank {rank}'s actions are {row!r}: give a list of Actions "
+                                f"(parse_schedule reads them from text)")
         for a in row:
             if not isinstance(a, Action):
                 raise ScheduleError(f"rank {rank}: {a!r} is not an Action; build one with "

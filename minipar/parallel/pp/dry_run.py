@@ -16,7 +16,8 @@ be numbers or Fractions (then every result is exact). From the clock:
     bubble_over_ideal = sum idle / sum busy    = (p - 1)/m        with equal stages, no p2p
     bubble_over_total = sum idle / (p·makespan) = (p - 1)/(m + p - 1)
 The first is the papers' "bubble fraction" (GPipe, Megatron-LM: bubble time over ideal
-time); the second is the share of the step a rank stands idle, 1 - MFU's pipeline bound.
+time); the second is the share of the step a rank stands idle, so a pipelined step reaches
+at most (1 - bubble_over_total) of the utilisation its stages reach alone.
 
 In flight: the micro-batches whose activations a rank holds, +1 at sF i, -1 at sB i (at sW
 i when the backward is split: W still reads the saved inputs). peak_in_flight counts
@@ -54,6 +55,8 @@ class Span(NamedTuple):
 
 @dataclass(frozen=True)
 class DryRun:
+    """What the clock says of one pass of the lists (every field per rank is rank-ordered)."""
+
     makespan: Real
     busy: tuple            # per rank: seconds of compute
     idle: tuple            # per rank: makespan - busy
@@ -182,8 +185,8 @@ def check_deadlock(lowered: Schedule, info: ScheduleInfo) -> list[list]:
             lines.append(f"rank {r} waits at {a} (position {at[r]}) for {msg.send}, which "
                          f"rank {q} runs at position {pos} but is itself waiting at "
                          f"{lowered[q][at[q]]} (position {at[q]})")
-        raise ScheduleDeadlockError("these lists deadlock, every unfinished rank waits on a "
-                            "receive:\n  " + "\n  ".join(lines))
+        raise ScheduleDeadlockError("these lists deadlock, every unfinished rank waits on "
+                                    "a receive:\n  " + "\n  ".join(lines))
     return msgs
 
 
@@ -196,6 +199,9 @@ def dry_run(lowered: Schedule, durations: Durations,
     table = _table(durations, {a.kind for row in lowered for a in row if a.is_compute},
                    info.stages)
     cost = p2p if callable(p2p) else (lambda a: p2p)
+    if not callable(p2p) and (not isinstance(p2p, Real) or isinstance(p2p, bool) or p2p < 0):
+        raise ScheduleError(f"p2p is the seconds one message takes (a number >= 0, or a "
+                            f"function of the SEND action), got {p2p!r}")
     P = len(lowered)
     now, stream, busy, at = [0] * P, [0] * P, [0] * P, [0] * P
     spans: list[list[Span]] = [[] for _ in range(P)]

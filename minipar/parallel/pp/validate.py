@@ -30,6 +30,8 @@ class ScheduleDeadlockError(ScheduleError):
 
 @dataclass(frozen=True)
 class ScheduleInfo:
+    """What a valid schedule is made of, as the runner and the dry run need it."""
+
     stages: int                            # S
     microbatches: int                      # m
     placement: dict                        # stage -> rank

@@ -56,3 +56,5 @@ def test_placement_reads_which_rank_holds_each_stage():
         placement(parse_schedule(["0F0", "0B0"]))
     with pytest.raises(ScheduleError, match="rank 0: '0F0' is not an Action"):
         placement([["0F0"]])
+    with pytest.raises(ScheduleError, match="rank 1's actions are '1F0 1B0': give a list"):
+        placement([[], "1F0 1B0"])

@@ -145,3 +145,9 @@ def test_bad_durations_are_refused(durations, words):
     with pytest.raises(ScheduleError) as err:
         dry_run(lower(schedule("1f1b", 2, 2)), durations)
     assert words in str(err.value)
+
+
+@pytest.mark.parametrize("p2p", [-1, "1", True, None])
+def test_a_bad_p2p_cost_is_refused(p2p):
+    with pytest.raises(ScheduleError, match="p2p is the seconds one message takes"):
+        dry_run(lower(schedule("1f1b", 2, 2)), {"F": 1, "B": 1}, p2p=p2p)
