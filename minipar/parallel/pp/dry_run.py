@@ -191,9 +191,10 @@ def check_deadlock(lowered: Schedule, info: ScheduleInfo) -> list[list]:
 
 
 def dry_run(lowered: Schedule, durations: Durations,
-            p2p: Union[Real, Callable[[Action], Real]] = 0) -> DryRun:
+            p2p: Union[Real, Callable[[Message], Real]] = 0) -> DryRun:
     """Time lowered lists (lower(schedule(...))): durations per kind ("F", "B", "I", "W")
-    as seconds or one per stage; p2p: seconds per message, or a function of the SEND."""
+    as seconds or one per stage; p2p: seconds per message, or a function of the Message
+    (its src and dst ranks name the link, its kind activations or gradients)."""
     info = validate_schedule(lowered)
     msgs = check_deadlock(lowered, info)
     table = _table(durations, {a.kind for row in lowered for a in row if a.is_compute},
@@ -201,7 +202,7 @@ def dry_run(lowered: Schedule, durations: Durations,
     cost = p2p if callable(p2p) else (lambda a: p2p)
     if not callable(p2p) and (not isinstance(p2p, Real) or isinstance(p2p, bool) or p2p < 0):
         raise ScheduleError(f"p2p is the seconds one message takes (a number >= 0, or a "
-                            f"function of the SEND action), got {p2p!r}")
+                            f"function of the Message), got {p2p!r}")
     P = len(lowered)
     now, stream, busy, at = [0] * P, [0] * P, [0] * P, [0] * P
     spans: list[list[Span]] = [[] for _ in range(P)]
@@ -217,7 +218,7 @@ def dry_run(lowered: Schedule, durations: Durations,
                     busy[r] += t
                 elif a.kind is SEND_F or a.kind is SEND_B:
                     start = max(now[r], stream[r])
-                    stream[r] = start + cost(a)
+                    stream[r] = start + cost(msg)
                     arrival[msg] = stream[r]
                     spans[r].append(Span(a, start, stream[r]))
                 else:

@@ -6,7 +6,7 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, strategies as st
 
-from minipar.parallel.pp import (Action, ScheduleDeadlockError, ScheduleError, dry_run, lower,
+from minipar.parallel.pp import (ScheduleDeadlockError, ScheduleError, dry_run, lower,
                                  parse_schedule, schedule)
 
 p_ = st.integers(1, 8)

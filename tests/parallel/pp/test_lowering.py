@@ -132,13 +132,7 @@ def test_isend_and_irecv_finish_on_the_clock_the_dry_run_predicts(name, p, m, v)
     seconds = {k: f / ctx.device.peak("float32") for k, f in FLOPS.items()}
     links = {(a, b): cost.p2p_time(NBYTES, ctx.topology.link(a, b))
              for a in range(p) for b in range(p) if a != b}
-    where = placement(lowered)
-
-    def p2p(send):
-        msg = message(send, where)
-        return links[msg.src, msg.dst]
-
-    predicted = dry_run(lowered, seconds, p2p)
+    predicted = dry_run(lowered, seconds, lambda msg: links[msg.src, msg.dst])
     assert list(finish) == list(predicted.finish)  # bit for bit, floats included
     assert finish.elapsed() == predicted.makespan
 
