@@ -620,10 +620,13 @@ print(f"moving the whole bucket once over {ib.name}: {us(ib.time(BUCKET * 4))}; 
 #
 # Open `exercise.py` in this directory, replace each `raise NotImplementedError(...)` with
 # your answer, and run `minipar grade 01`. The grader runs your functions on simulated
-# devices (1 to 5 ranks, and groups of the even or the odd ranks of a larger world) and
-# compares them with minipar's collectives, with rendezvous sends (section 2). Build the
-# rings from `mp.isend`, `mp.recv` and `mp.irecv` only; `ring_neighbours(group)` in the
-# file gives your position, the group's size and the global ranks of your two neighbours.
+# devices as a cluster would: on a 2-D mesh, with the group of 1 to 5 ranks passed to you
+# explicitly — consecutive ranks such as [2, 3] or strided ones such as [1, 3, 5] — so
+# that code which ignores the group, or takes a position in the group for a global rank,
+# fails. Sends are rendezvous (section 2), your inputs are copies it compares afterwards
+# (do not write into them), and it records which collectives you called. Build the rings
+# from `mp.isend`, `mp.recv` and `mp.irecv` only; `ring_neighbours(group)` in the file
+# gives your position, the group's size and the global ranks of your two neighbours.
 #
 # - **Exercise 1.1** — `ring_reduce_scatter(x, group=None)`: rank r's chunk r of the sum,
 #   chunks as `np.array_split(x.reshape(-1), n)`, in n - 1 ring steps; each rank sends
