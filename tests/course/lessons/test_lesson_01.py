@@ -70,6 +70,7 @@ def test_the_design_exercise_states_the_budget_the_grader_checks(lesson, grader)
     assert f"{flat * 1e6:,.2f} us, {flat / 55e-6:.1f}x the budget of 55.00 us" in printed
     assert f"over IB-NDR400: {(IB_A + S / IB_B) * 1e6:.2f} us" in printed
     assert flat > 55e-6 and IB_A + S / IB_B > 55e-6  # the bucket cannot cross IB whole
+    assert f"a flat ring of 8 over two nodes takes {flat / 55e-6:.1f}x the 55 us budget" in prose()
 
 
 def _time_on_the_cluster(fn, nodes=2, gpus=4, length=2**20):
