@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--impl", default="exercise", metavar="WHICH", type=_implementation,
                     help="exercise (default: your file), solution, or a path to a .py file")
     gr.add_argument("--time-limit", metavar="SECONDS", default=TIME_LIMIT,
-                    type=_number(float, 0, True, "--time-limit"),
+                    type=_number(float, 0, True, "a positive number of seconds"),
                     help=f"stop a check that runs longer than this (default {TIME_LIMIT:g} s): "
                          "a loop that never ends, a collective some rank never joins")
     gr.set_defaults(func=_grade)
