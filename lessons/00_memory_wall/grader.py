@@ -82,8 +82,10 @@ def check_activation_bytes(impl, s, b, heads, head_dim, layers, recompute):
         same = [m for m in per if m != recompute and np.isclose(got, layers * per[m])]
         c, c0 = float(got) / (layers * s * b * h), expected / (layers * s * b * h)
         hint = (f"your count for recompute={recompute!r} is the count of {same[0]!r}; "
-                if same else "") + (f"per layer and per element of s·b·h it is {c:.6g} "
-                                   f"bytes where {c0:.6g} were expected")
+                if same else "")
+        if not np.isclose(got, per[recompute], rtol=1e-12, atol=0):  # not one layer's count
+            hint += f"per layer and per element of s·b·h it is {c:.6g} bytes where {c0:.6g} " \
+                    "were expected"
         if recompute == "full" and float(got) == 0:
             hint += ("; full recomputation still keeps each layer's input: the backward "
                      "reruns the layer's forward from it")
@@ -146,7 +148,7 @@ def check_min_gpus(impl, case):
     if expected is None:
         hint = (f"no number of GPUs is enough: even n = 2^40 GPUs hold "
                 f"{reference_states(psi, stage, 2**40):,.0f} bytes each, over "
-                f"{gpu:,.0f}: what no n divides does not fit")
+                f"{gpu:,.0f}: what no n divides does not fit. {WHOLE[stage]}")
     elif got is None or not isinstance(got, (int, np.integer)) or got < 1:
         hint = (f"n = {expected} GPUs hold {reference_states(psi, stage, expected):,.0f} "
                 f"bytes each, within {gpu:,.0f}: an answer exists"
@@ -168,6 +170,9 @@ MODEL = dict(vocab_size=128, hidden=64, num_heads=4, num_layers=4)
 GPUS, GLOBAL_BATCH, BUDGET, MAX_FLOPS_RATIO = 4, 16, 3_000_000, 1.10
 SEQ_LENS = (32, 64, 128)
 KEYS = ("zero", "recompute", "micro_batch", "accumulation")
+RERUNS = {"full": "full recomputation reruns every layer's whole forward in the backward",
+          "selective": "selective recomputation reruns the attention scores in the backward",
+          "none": "with no recomputation the step runs each forward once"}
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "comm_buffers")
 
 
@@ -252,14 +257,14 @@ def check_plan_step(impl):
         expect_within(round(max(r[2] for r in runs) / plain, 4), MAX_FLOPS_RATIO, unit="×",
                       what=f"{call}: the step's FLOPs over those of the step without "
                            "recomputation",
-                      hint=f"{plan['recompute']!r} recomputation reruns part of the forward "
-                           "in the backward; full recomputation reruns every layer's whole "
-                           "forward")
+                      hint=RERUNS[plan["recompute"]])
         # 3. the memory of every GPU, from its ledger
         for rank, (peak, parts, _, _) in enumerate(runs):
             top = max(parts, key=parts.get)
-            expect_within(peak, BUDGET, unit="bytes",
-                          what=f"{call}: GPU {rank}'s peak memory during the step",
-                          hint="each category's own peak: " + ", ".join(
+            expect_within(peak / 1e6, BUDGET / 1e6, unit="MB",
+                          what=f"{call}: GPU {rank} of {GPUS}'s peak memory during the step",
+                          hint="each category's own peak, in bytes: " + ", ".join(
                               f"{c} {parts[c]:,}" for c in CATEGORIES)
-                          + f"; the largest is {top}")
+                          + f"; the largest is {top}. ZeRO's stage divides the first three "
+                            "(section 1); recomputation and the micro-batch size divide the "
+                            "activations (sections 2 and 3)")
