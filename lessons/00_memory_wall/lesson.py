@@ -266,8 +266,8 @@ print(f"float32 logits of {s:,} tokens over a vocabulary of {V:,}: {logits / GB:
 # with respect to them is as large again unless it is written in place. Losses computed
 # over chunks of the tokens avoid holding them whole.
 #
-# Tensor and sequence parallelism (lesson 04) divide a layer's activations by the
-# tensor-parallel size.
+# Tensor parallelism together with sequence parallelism (lesson 04) divides a layer's
+# activations by the tensor-parallel size.
 #
 # ## 4. A training step under a budget
 #
@@ -286,7 +286,7 @@ print(f"float32 logits of {s:,} tokens over a vocabulary of {V:,}: {logits / GB:
 # The grader runs one step of your plan on 4 simulated GPUs and checks, in this order:
 #
 # 1. it still trains on the global batch: its gradient equals one device's over all 16
-#    sequences (a float64 twin of the same run);
+#    sequences (a float64 twin of the same plan, on sequences of 8 tokens);
 # 2. its FLOPs, counted by the simulated devices, are at most 1.1 × those of the same step
 #    without recomputation;
 # 3. every GPU's ledger, from the start of the step, peaks within 3,000,000 bytes.
