@@ -10,7 +10,7 @@
 # %% [markdown]
 # # Lesson 00 — The memory wall
 #
-# Why one GPU cannot train a large model: count the bytes of weights, gradients, optimizer states and activations.
+# Why one GPU cannot train a large model: count the bytes of weights, gradients, optimizer states and activations, then fit a training step into a budget.
 #
 # Before choosing any form of parallelism, compute what one training step must hold in
 # memory. Everything else in this course — sharding optimizer states, splitting matrices,
