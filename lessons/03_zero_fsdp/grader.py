@@ -4,6 +4,7 @@ your plan of Exercise 3.4 run on simulated devices against its budgets and one d
 
 import dataclasses
 import functools
+import re
 
 import numpy as np
 from hypothesis import given, settings, strategies as st
@@ -62,19 +63,24 @@ def one_device(numel: int, n: int, steps: int, hyper: dict, which: int,
     return out
 
 
-def wrong_group(events, spmd) -> str:
-    """What the call's collectives did with the group, if not what it should."""
-    for e in events:
-        if e.stream == "comm" and tuple(e.group) != tuple(spmd.group.ranks):
-            return (f"{spmd.words}: zero1_step ran {e.name} over ranks {list(e.group)}, not "
-                    f"over `group` = {list(spmd.group.ranks)}: pass group=group to every "
-                    "collective, and take r and n from the group: mp.get_rank(group), "
-                    "mp.get_world_size(group)")
-    return ""
+def wrong_group(events, spmd, error: str = "") -> str:
+    """What the call's collectives did with the group, if not what it should: from the
+    trace, or from a collective's error that names another group."""
+    used = [(e.name, list(e.group)) for e in events
+            if e.stream == "comm" and tuple(e.group) != tuple(spmd.group.ranks)]
+    for kind, ranks in re.findall(r"(\w+) over group \w*\[([\d, ]+)\]", error):
+        if [int(x) for x in ranks.split(",")] != list(spmd.group.ranks):
+            used.append((kind, [int(x) for x in ranks.split(",")]))
+    if not used:
+        return ""
+    kind, ranks = used[0]
+    return (f"{spmd.words}: zero1_step ran {kind} over ranks {ranks}, not over `group` = "
+            f"{list(spmd.group.ranks)}: pass group=group to every collective, and take r and "
+            "n from the group: mp.get_rank(group), mp.get_world_size(group)")
 
 
-RANK_HINT = ("r is this rank's position in `group`, mp.get_rank(group) (here {rank}), not "
-             "its global rank ({global_rank})")
+RANK_HINT = ("; r is this rank's position in `group`, mp.get_rank(group) (here {rank}), "
+             "not its global rank ({global_rank})")
 
 
 @exercise("3.1", "the ZeRO-1 AdamW step: reduce-scatter, Adam on the shard, all-gather")
@@ -96,23 +102,25 @@ def check_zero1_step(impl, n, strided, numel, steps, lr, weight_decay, scale):
     def program(ctx, spmd):
         r, which = spmd.rank, groups.index(tuple(spmd.group.ranks))
         lo, hi = r * shard, (r + 1) * shard
-        rank_hint = "" if r == spmd.global_rank else (
-            " " + RANK_HINT.format(rank=r, global_rank=spmd.global_rank))
+        rank_hint = "" if r == spmd.global_rank else RANK_HINT.format(
+            rank=r, global_rank=spmd.global_rank)
         w, m, v = padded_to(initial_weights(numel), padded), np.zeros(shard), np.zeros(shard)
         for t, (ew, em, ev) in enumerate(expected[which], start=1):  # [numel] each
             what = (f"zero1_step(flat_params [{padded}], flat_grad [{padded}], m [{shard}], "
-                    f"v [{shard}], step={t}, group, lr={lr}, betas={BETAS}, eps={EPS}, "
-                    f"weight_decay={weight_decay}) on a group of {n}")
+                    f"v [{shard}], step={t}, group of {n}, lr={lr}, betas={BETAS}, eps={EPS}, "
+                    f"weight_decay={weight_decay})")
             start = len(ctx.trace.events)
             g = padded_to(local_grad(r, t, numel, which, scale), padded)
             try:
                 call = calls(ctx, impl.zero1_step, w, g, m, v, t, group=spmd.group, **hyper,
                              names=["flat_params", "flat_grad", "m", "v", "step"],
                              rank=spmd.words)
-            except (GradeFailure, NotImplementedError):
+            except GradeFailure as e:  # calls says "rank <words>": the words say it all
+                raise GradeFailure(str(e).replace(f"rank {spmd.words}", spmd.words, 1)) from None
+            except NotImplementedError:
                 raise
             except Exception as e:  # diagnose what the group saw before the crash
-                problem = wrong_group(ctx.trace.events[start:], spmd)
+                problem = wrong_group(ctx.trace.events[start:], spmd, str(e))
                 if problem:
                     raise GradeFailure(problem) from e
                 if isinstance(e, MiniparError) and rank_hint:
@@ -136,9 +144,9 @@ def check_zero1_step(impl, n, strided, numel, steps, lr, weight_decay, scale):
             w, m, v = (np.asarray(a) for a in out)
             ew, em, ev = (padded_to(a, padded) for a in (ew, em, ev))  # [padded] each
             expect_equal(w.shape, (padded,), rank=spmd.words,
-                         what=f"the shape of {what}'s flat_params",
+                         what=f"the shape of the flat_params {what} returned",
                          hint="return the whole flat weights, padding included, as all_gather "
-                              "assembles them")
+                              "assembles them from every rank's shard" + rank_hint)
             own = (f"the shard this rank owns, flat[{lo}:{hi}] (group rank {r} of {n})"
                    + rank_hint)
             expect_close(m, em[lo:hi], rank=spmd.words, what=f"{what}: the new m", n=n,
@@ -171,13 +179,43 @@ N = st.one_of(world_sizes(1, 8, first=2), st.sampled_from([64, 1000]))
 DTYPES = st.sampled_from([(2, 2, 12), (8, 8, 16), (4, 4, 8)])  # bf16 + fp32 Adam; fp64; fp32
 
 
+def padding_slip(got, expected, unpadded, padded, stage: int, psi: int, n: int) -> str:
+    """The padding mistake `got` is, if it is one (every value explained by it): Ψ counted
+    where the stage pads to Ψ', or DDP padded. Values: numbers, or dicts of numbers."""
+    def same(a, b) -> bool:
+        keys = sorted(a) if isinstance(a, dict) else [None]
+        pick = (lambda d, k: d[k]) if isinstance(a, dict) else (lambda d, k: d)
+        return all(np.isclose(float(pick(a, k)), float(pick(b, k)), rtol=1e-12, atol=0)
+                   for k in keys)
+
+    pad = flat_padding(psi, n)
+    if not pad or same(got, expected):
+        return ""
+    if stage >= 1 and same(got, unpadded):
+        return (f"it counts Ψ = {psi} elements, but stage {stage} pads the flat buffer to "
+                f"Ψ' = {psi + pad}, a multiple of n = {n}, and holds Ψ'/n-element shards of "
+                "what it partitions, Ψ' elements of what it keeps whole (lesson.py, section 2)")
+    if stage == 0 and same(got, padded):
+        return ("it counts the padded Ψ', but DDP pads nothing: an all-reduce needs no equal "
+                "shards, so it holds and sends the Ψ elements as they are")
+    return ""
+
+
 @exercise("3.2", "model-state bytes per rank, padding included")
 @SETTINGS
 @given(psi=PSI, stage=st.integers(0, 3), n=N, sizes=DTYPES)
 def check_zero_bytes_per_rank(impl, psi, stage, n, sizes):
     pb, gb, k = sizes
-    expected = model_state_bytes(psi, stage, n, k=k, param_bytes=pb, grad_bytes=gb,
-                                 padding=flat_padding(psi, n) if stage else 0)
+
+    def bytes_with(padding: int) -> dict:
+        return model_state_bytes(psi, stage, n, k=k, param_bytes=pb, grad_bytes=gb,
+                                 padding=padding)
+
+    pad = flat_padding(psi, n)
+    expected = bytes_with(pad if stage else 0)
+    unpadded = bytes_with(0)
+    padded = (model_state_bytes(psi + pad, 0, n, k=k, param_bytes=pb, grad_bytes=gb)
+              if stage == 0 else expected)  # DDP counting Ψ' (model_state_bytes pads no DDP)
     call = (f"zero_bytes_per_rank(psi={psi}, stage={stage}, n={n}, param_bytes={pb}, "
             f"grad_bytes={gb}, k={k})")
     got = impl.zero_bytes_per_rank(psi, stage, n, param_bytes=pb, grad_bytes=gb, k=k)
@@ -186,6 +224,9 @@ def check_zero_bytes_per_rank(impl, psi, stage, n, sizes):
                            "'parameters', 'gradients', 'optimizer_states' and 'total'")
     expect_equal(sorted(got), sorted(expected), what=f"the keys of {call}",
                  hint="use the ledger's category names, plus 'total'")
+    slip = padding_slip(got, expected, unpadded, padded, stage, psi, n)
+    if slip:
+        raise GradeFailure(f"{call} is {got!r}, expected {expected!r}: {slip}")
     held = {"parameters": 3, "gradients": 2, "optimizer_states": 1}  # partitioned from stage
     for key in ("parameters", "gradients", "optimizer_states", "total"):
         whole = key != "total" and stage < held[key]
@@ -204,15 +245,26 @@ def check_zero_bytes_per_rank(impl, psi, stage, n, sizes):
 @given(psi=PSI, stage=st.integers(0, 3), n=N)
 def check_zero_comm_elements(impl, psi, stage, n):
     expected = dp_comm_elements(psi, stage, n, padding=flat_padding(psi, n) if stage else 0)
-    expect_close(impl.zero_comm_elements(psi, stage, n), expected, rtol=1e-12, atol=0, n=n,
-                 what=f"zero_comm_elements(psi={psi}, stage={stage}, n={n})",
-                 ratios={"1/(n-1)": "1/n of the buffer counted per pass where a ring rank "
-                                    "sends (n−1)/n of it (lesson 01)",
-                         "1/2": "an all-reduce counted as one pass over the buffer: a ring "
-                                "all-reduce is a reduce-scatter plus an all-gather",
-                         "0.666667": "ZeRO-3 gathers the weights for the forward and again "
-                                     "for the backward (section 4)",
-                         "1.5": "only ZeRO-3 gathers the weights a second time"},
+    call = f"zero_comm_elements(psi={psi}, stage={stage}, n={n})"
+    got = impl.zero_comm_elements(psi, stage, n)
+    if isinstance(got, (int, float, np.number)) and not isinstance(got, bool):
+        slip = padding_slip(got, expected, dp_comm_elements(psi, stage, n),
+                            dp_comm_elements(psi + flat_padding(psi, n), 0, n), stage, psi, n)
+        if slip:
+            raise GradeFailure(f"{call} is {got!r}, expected {expected!r}: {slip}")
+    per_pass = ("1/n of the buffer counted per pass, where a ring rank sends (n−1)/n of it "
+                "(lesson 01)")
+    one_pass = ("an all-reduce counted as one pass over the buffer: a ring all-reduce is a "
+                "reduce-scatter plus an all-gather")
+    ratios = {"1/(n-1)": per_pass, "1/2": one_pass}
+    if n == 3:  # ½ = 1/(n − 1): either mistake
+        ratios["1/2"] = f"either {one_pass}, or {per_pass}"
+    if stage == 3:
+        ratios["0.666667"] = ("ZeRO-3 gathers the weights for the forward and again for the "
+                              "backward (section 4)")
+    else:
+        ratios["1.5"] = "only ZeRO-3 gathers the weights a second time"
+    expect_close(got, expected, rtol=1e-12, atol=0, n=n, what=call, ratios=ratios,
                  hint="which collectives this stage runs and over which buffer: lesson.py "
                       "sections 2 and 4; stages >= 1 send the padded Ψ'")
 
@@ -333,7 +385,7 @@ def check_fit_plan(impl, n, batch):
     budget = traffic_budget(n)
     plan = impl.fit_plan(CFG, n, batch, MEMORY_BUDGET, budget)
     parts = read_plan(plan, batch)
-    what = f"the plan {plan} for n={n} ranks of {batch} sequences"
+    what = f"the plan {plan} (n={n} ranks, batch={batch} sequences each)"
     oom = ""
     try:
         ranks = run_plan(parts, n, batch, capacity=MEMORY_BUDGET)
@@ -346,13 +398,13 @@ def check_fit_plan(impl, n, batch):
         f"{k}={v!r} (the model's: {getattr(CFG, k)!r})" for k, v in changed.items())
         + "; a plan may change how the step runs (sharding, recomputation, micro-batches), "
           "not its numbers") if changed else "every rank must take one device's step"
-    expect_close(np.mean([r["loss"] for r in ranks]), loss, what=f"{what}: the loss",
-                 hint=hint)
-    for name, w in weights.items():
+    for name, w in weights.items():  # arrays first: a scalar's mismatch is always a "ratio"
         expect_close(ranks[0]["weights"][f"param/{name}"], w, rtol=1e-9, atol=1e-12,
                      what=f"{what}: {name} after the step", hint=hint)
+    expect_close(np.mean([r["loss"] for r in ranks]), loss, what=f"{what}: the loss",
+                 hint=hint)
     for r, out in enumerate(ranks):
-        expect_within(out["peak"], MEMORY_BUDGET, rank=r, unit="bytes",
+        expect_within(out["peak"] / 1024, MEMORY_BUDGET / 1024, rank=r, unit="KiB",
                       what=f"{what}: the peak memory", hint=memory_advice(parts, out["peaks"], oom))
         traffic = []
         if parts["stage"] == 3:
@@ -362,6 +414,6 @@ def check_fit_plan(impl, n, batch):
         if not parts["no_sync"] and parts["k"] > 1:
             traffic.append("no_sync=False reduces the gradients of every micro-batch: "
                            f"{parts['k']} reductions in the step")
-        expect_within(out["sent"], budget * (1 + 1e-12), rank=r, unit="bytes",
+        expect_within(out["sent"] / 1024, budget * (1 + 1e-12) / 1024, rank=r, unit="KiB",
                       what=f"{what}: the bytes sent in the step ({out['sent'] / budget:.3g}× "
                            "one all-reduce of the gradients)", hint="; ".join(traffic))
