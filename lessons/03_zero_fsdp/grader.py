@@ -13,7 +13,7 @@ import minipar as mp
 from minipar.course.grading import (SETTINGS, GradeFailure, calls, exercise, expect_close,
                                     expect_equal, expect_within, mesh_of, on_mesh, on_ranks,
                                     world_sizes)
-from minipar.data.batches import split_microbatches
+from minipar.data import split_microbatches
 from minipar.nn import GPT, GPTConfig, Parameter
 from minipar.optim import AdamW
 from minipar.parallel import zero_engine
@@ -83,6 +83,32 @@ RANK_HINT = ("; r is this rank's position in `group`, mp.get_rank(group) (here {
              "not its global rank ({global_rank})")
 
 
+def call_on_group(ctx, spmd, fn, args: tuple, kwargs: dict, what: str, rank_hint: str):
+    """calls(fn, *args, **kwargs), its failures said in the group's words: a written input,
+    a collective over another group (from the trace, or from the error it raised), a
+    collective error where the rank is not the global rank."""
+    start = len(ctx.trace.events)
+    try:
+        call = calls(ctx, fn, *args, **kwargs, rank=spmd.words,
+                     names=["flat_params", "flat_grad", "m", "v", "step"])
+    except GradeFailure as e:  # calls says "rank <words>": the words say it all
+        raise GradeFailure(str(e).replace(f"rank {spmd.words}", spmd.words, 1)) from None
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        problem = wrong_group(ctx.trace.events[start:], spmd, str(e))
+        if problem:
+            raise GradeFailure(problem) from e
+        if isinstance(e, MiniparError) and rank_hint:
+            raise GradeFailure(f"{spmd.words}: {what} raised {type(e).__name__}: "
+                               f"{str(e).splitlines()[0]}{rank_hint}") from e
+        raise
+    problem = wrong_group(ctx.trace.events[start:], spmd)
+    if problem:
+        raise GradeFailure(problem)
+    return call
+
+
 @exercise("3.1", "the ZeRO-1 AdamW step: reduce-scatter, Adam on the shard, all-gather")
 @SETTINGS
 @given(n=world_sizes(1, 4, first=2), strided=st.booleans(), numel=st.integers(1, 13),
@@ -109,27 +135,9 @@ def check_zero1_step(impl, n, strided, numel, steps, lr, weight_decay, scale):
             what = (f"zero1_step(flat_params [{padded}], flat_grad [{padded}], m [{shard}], "
                     f"v [{shard}], step={t}, group of {n}, lr={lr}, betas={BETAS}, eps={EPS}, "
                     f"weight_decay={weight_decay})")
-            start = len(ctx.trace.events)
             g = padded_to(local_grad(r, t, numel, which, scale), padded)
-            try:
-                call = calls(ctx, impl.zero1_step, w, g, m, v, t, group=spmd.group, **hyper,
-                             names=["flat_params", "flat_grad", "m", "v", "step"],
-                             rank=spmd.words)
-            except GradeFailure as e:  # calls says "rank <words>": the words say it all
-                raise GradeFailure(str(e).replace(f"rank {spmd.words}", spmd.words, 1)) from None
-            except NotImplementedError:
-                raise
-            except Exception as e:  # diagnose what the group saw before the crash
-                problem = wrong_group(ctx.trace.events[start:], spmd, str(e))
-                if problem:
-                    raise GradeFailure(problem) from e
-                if isinstance(e, MiniparError) and rank_hint:
-                    raise GradeFailure(f"{spmd.words}: {what} raised {type(e).__name__}: "
-                                       f"{str(e).splitlines()[0]}.{rank_hint}") from e
-                raise
-            problem = wrong_group(ctx.trace.events[start:], spmd)
-            if problem:
-                raise GradeFailure(problem)
+            call = call_on_group(ctx, spmd, impl.zero1_step, (w, g, m, v, t),
+                                 dict(group=spmd.group, **hyper), what, rank_hint)
             if n > 1:
                 expect_equal(call.collectives, ["reduce_scatter", "all_gather"], rank=spmd.words,
                              what=f"the collectives {what} ran",
@@ -318,7 +326,11 @@ def read_plan(plan, batch: int) -> dict:
     knobs = {key: plan[key] for key in STAGE3 if key in plan}
     if knobs and stage != 3:
         raise GradeFailure(f"{sorted(knobs)} are ZeRO-3's knobs; the plan's stage is {stage}")
-    return {"stage": stage, "k": k, "no_sync": bool(plan.get("no_sync", True)), "engine": knobs,
+    no_sync = plan.get("no_sync", True)
+    if not isinstance(no_sync, bool):
+        raise GradeFailure(f"the plan's 'no_sync' is {no_sync!r}: True (the micro-batches but "
+                           "the last skip communication) or False (each one reduces)")
+    return {"stage": stage, "k": k, "no_sync": no_sync, "engine": knobs,
             "model": {key: plan[key] for key in FIELDS if key in plan}}
 
 
@@ -378,6 +390,19 @@ def memory_advice(parts: dict, peaks: dict, oom: str) -> str:
     return ";\n    ".join(lines)
 
 
+def traffic_advice(parts: dict) -> str:
+    """Which part of the plan sends more than one all-reduce."""
+    said = []
+    if parts["stage"] == 3:
+        said.append("ZeRO-3 all-gathers each unit's weights for its forward and again for its "
+                    "backward, besides the reduce-scatter (section 4), and again for every "
+                    "micro-batch")
+    if not parts["no_sync"] and parts["k"] > 1:
+        said.append(f"no_sync=False reduces the gradients of every micro-batch: {parts['k']} "
+                    "reductions in the step")
+    return "; ".join(said)
+
+
 @exercise("3.4", "fit a training step under a memory and a traffic budget")
 @settings(SETTINGS, max_examples=12)
 @given(n=world_sizes(2, 4, first=2), batch=st.sampled_from([1, 2, 4, 8]))
@@ -406,14 +431,6 @@ def check_fit_plan(impl, n, batch):
     for r, out in enumerate(ranks):
         expect_within(out["peak"] / 1024, MEMORY_BUDGET / 1024, rank=r, unit="KiB",
                       what=f"{what}: the peak memory", hint=memory_advice(parts, out["peaks"], oom))
-        traffic = []
-        if parts["stage"] == 3:
-            traffic.append("ZeRO-3 all-gathers each unit's weights for its forward and again "
-                           "for its backward, besides the reduce-scatter (section 4), and "
-                           "again for every micro-batch")
-        if not parts["no_sync"] and parts["k"] > 1:
-            traffic.append("no_sync=False reduces the gradients of every micro-batch: "
-                           f"{parts['k']} reductions in the step")
         expect_within(out["sent"] / 1024, budget * (1 + 1e-12) / 1024, rank=r, unit="KiB",
                       what=f"{what}: the bytes sent in the step ({out['sent'] / budget:.3g}× "
-                           "one all-reduce of the gradients)", hint="; ".join(traffic))
+                           "one all-reduce of the gradients)", hint=traffic_advice(parts))
