@@ -72,7 +72,7 @@ WRONG = [
     # ---- 3.3: traffic ---------------------------------------------------------------------
     wrong("3.3", "misconception", "ZeRO-3 gathers the weights once, like ZeRO-1",
           old=PASSES, new="    passes = 2\n",
-          hint=["received = 0.666667× expected everywhere", "and again for the backward"]),
+          hint=["received = ⅔ expected", "and again for the backward"]),
     wrong("3.3", "misconception", "an all-reduce counted as one pass over the buffer",
           old=PASSES, new="    passes = 2 if stage == 3 else 1\n",
           hint=["received = ½ expected everywhere", "a reduce-scatter plus an all-gather"]),
