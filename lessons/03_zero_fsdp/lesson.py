@@ -10,7 +10,7 @@
 # %% [markdown]
 # # Lesson 03 — ZeRO and FSDP
 #
-# Partition Adam's states, gradients and weights over the data-parallel ranks: ZeRO-1/2/3 and FSDP.
+# ZeRO-1/2/3 and FSDP partition Adam's states, gradients and weights; fit a step to a budget.
 #
 # Data parallelism (DDP) copies the whole kitchen: every rank holds the same weights,
 # the same gradients after the all-reduce and the same Adam states, and runs the same
