@@ -105,3 +105,8 @@ def test_exercise_3_4_the_traffic_budget_is_one_all_reduce_of_the_padded_gradien
         ranks = grader.run_plan(grader.read_plan({"stage": 1}, 1), n, 1)
         assert all(r["sent"] == pytest.approx(grader.traffic_budget(n), rel=1e-12)
                    for r in ranks)
+
+
+def test_exercise_3_4_is_graded_on_the_task_section_6_states(lesson, grader):
+    assert lesson["cfg6"] == grader.CFG and lesson["budget"] == grader.MEMORY_BUDGET
+    assert lesson["traffic_budget"] == grader.traffic_budget(lesson["n6"])
