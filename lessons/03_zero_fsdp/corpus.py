@@ -81,7 +81,7 @@ WRONG = [
           hint=["it counts Ψ = 1 elements, but stage 1 pads"]),
     wrong("3.3", "small-only", "1/n of the buffer per pass: right on 2 ranks",
           old=COUNT, new="    return float(passes * full / n)\n",
-          hint=["received = ½ expected everywhere", "sends (n−1)/n of it", "n=3"]),
+          hint=["received = 1/(n−1) (n = 3) expected everywhere", "sends (n−1)/n of it", "n=3"]),
     wrong("3.3", "small-only", "pads by Ψ mod n: right on 2 ranks",
           old=PADDED_4, new="    full = psi if stage == 0 else psi + psi % n\n    passes",
           hint=["n=3", "padded Ψ'"]),
