@@ -56,7 +56,7 @@ def expect_comm(events, want: int, spmd, *, what: str, hint: str, most_bytes=Non
     ran = [f"{e.name} of {e.nbytes} bytes" for e in events]
     if most_bytes is None:
         ok = [e.name for e in events] == ["all_reduce"] * want
-        expected = f"{want} all-reduce{'s' * (want != 1)}"
+        expected = f"{want} all-reduce{'s' * (want != 1)}" if want else "no collective"
     else:
         ok = (len(events) <= want and all(e.name == "all_reduce" and e.nbytes <= most_bytes
                                           for e in events))
@@ -165,6 +165,20 @@ def check_row_parallel_linear(impl, t, strided, s, b, in_per_rank, n_out, seed):
     on_mesh(program, *tp_mesh(t, strided))
 
 
+def expect_loss(loss, want: float, *, who: str, what: str, hint: str) -> None:
+    """A scalar loss within 1e-10 of one device's (a ratio of two numbers names nothing)."""
+    try:
+        value = float(loss)
+    except (TypeError, ValueError):
+        raise GradeFailure(f"{who}: {what} returned {loss!r:.80}, expected a float like "
+                           f"{want!r}") from None
+    want = float(want)
+    if not abs(value - want) <= 1e-12 + 1e-10 * abs(want):
+        how = (f"{value!r}, not a finite number" if not np.isfinite(value)
+               else f"{value!r}, off by {abs(value - want):.3g}")
+        raise GradeFailure(f"{who}: {what}: expected {want!r} but received {how}. {hint}")
+
+
 MAX_NOTE = (f"a float64 exp overflows past {np.log(np.finfo(np.float64).max):.1f}; subtract "
             "each token's maximum over the WHOLE vocabulary (an all-reduce with op 'max' of "
             "one number a token) before exp, and add it back after the log")
@@ -213,11 +227,10 @@ def check_vocab_parallel_cross_entropy(impl, t, strided, s, b, vocab_per_rank, s
                 "wide": "subtract from each token's logits their maximum over all t shards "
                         "(a max over this rank's shard differs from rank to rank), and add "
                         "the shards' sums of exponentials",
-                "extreme": f"these logits lie near ±1000: {MAX_NOTE}; one maximum over all "
-                           f"tokens leaves the others at exp = 0"}[name]
-            if loss is not None and not np.isfinite(np.asarray(loss, dtype=float)).all():
-                hint = f"received a non-finite loss: {MAX_NOTE}"
-            expect_close(loss, want, rank=who, what=what, hint=hint)
+                "extreme": f"these logits lie near ±1000: {MAX_NOTE}; a single maximum "
+                           f"over all tokens leaves the tokens far below it at exp = 0, "
+                           f"and log 0 = -inf"}[name]
+            expect_loss(loss, want, who=who, what=what, hint=hint)
 
     on_mesh(program, *tp_mesh(t, strided))
 
@@ -254,7 +267,8 @@ def check_sequence_parallel_layernorm(impl, t, strided, tokens_per_rank, b, h, s
                   "n": "every rank's partial sum was counted t times"}
         expect_close(dx, np.split(dx_full, t, axis=0)[r], rank=who,
                      what="dx_shard of sequence_parallel_layernorm_grads",
-                     hint="dx of this rank's tokens needs only this rank's data")
+                     hint="dx of this rank's tokens needs only this rank's data: dx needs "
+                          "no communication")
         expect_close(dg, dgamma, rank=who, what="dgamma of sequence_parallel_layernorm_grads",
                      n=t, ratios=ratios, hint="each rank saw s/t of the tokens: dgamma is "
                      "the sum over ALL t ranks of the group of their partial Σ dy·xhat")
