@@ -22,7 +22,8 @@ LN_RETURN = "    return dx_shard, both[:h], both[h:]\n"
 PLAN_TP = "    tp = topology.gpus_per_node  # one node's GPUs: the tp collectives stay on NVLink\n"
 PLAN_DIMS = ("    dims = ParallelDims(dp_replicate=topology.world_size // tp, tp=tp)  "
              "# tp fastest: a node\n")
-PLAN_SEARCH = '''    for sp, recompute in ((False, "none"), (True, "none"), (True, "selective"), (True, "full")):
+PLAN_SEARCH = '''\
+    for sp, recompute in ((False, "none"), (True, "none"), (True, "selective"), (True, "full")):
         per_layer = activation_bytes_per_layer(  # Korthikanti et al.'s Table 2 (section 5)
             s, b, h, a, recompute, act_bytes=cfg.np_dtype.itemsize, dropout=cfg.dropout > 0,
             tp=tp, sequence_parallel=sp)
@@ -115,7 +116,7 @@ WRONG = [
           old=LN_AR, new='    both = mp.all_reduce(np.concatenate([dgamma, dbeta]), "sum")\n',
           hint=["not over `group`", "pass group=group"]),
     wrong("4.4", "small-only", "adds the neighbour's partial sums: right on 2 ranks",
-          old=LN_AR, new='''    both = np.concatenate([dgamma, dbeta])  # [2h], this rank's partial sums
+          old=LN_AR, new='''    both = np.concatenate([dgamma, dbeta])  # [2h]: my partial sums
     t, r, ranks = mp.get_world_size(group), mp.get_rank(group), group.ranks
     if t > 1:  # send mine to the next rank, add the previous rank's
         sent = mp.isend(both, ranks[(r + 1) % t])

@@ -43,6 +43,12 @@ def traced(ctx, fn, *args, names):
     return call, [e for e in ctx.trace.events[start:] if e.stream == "comm"]
 
 
+def expect_three(got, who: str, fn: str, names: str) -> tuple:
+    expect_equal(isinstance(got, tuple) and len(got), 3, rank=who,
+                 what=f"{fn}(...) returns ({names}): its length")
+    return got
+
+
 def expect_comm(events, want: int, spmd, *, what: str, hint: str, most_bytes=None) -> None:
     """`want` all-reduces (at most, when most_bytes is given: each of at most that many
     bytes), every one over `group`: checked before any value, it names the bug best."""
@@ -94,10 +100,8 @@ def check_column_parallel_linear(impl, t, strided, s, b, n_in, out_per_rank, see
                      "w_shard, b_shard)", hint="this rank's out/t outputs of x W^T + b")
         bwd, events = traced(ctx, impl.column_parallel_linear_backward, dy_r, x, w_r, g,
                              names=["dy_shard", "x", "w_shard", "group"])
-        got = bwd.result
-        expect_equal(isinstance(got, tuple) and len(got), 3, rank=who,
-                     what="column_parallel_linear_backward(...) returns (dx, dw_shard, "
-                          "db_shard): its length")
+        got = expect_three(bwd.result, who, "column_parallel_linear_backward", "dx, dw_shard, "
+                           "db_shard")
         expect_comm(events, 1, spmd, what="column_parallel_linear_backward", hint=(
             "f's backward is one all-reduce, of dx: every rank's outputs used the whole x. "
             "dW_r and db_r are complete on rank r, the only rank that uses W_r and b_r"))
@@ -145,10 +149,8 @@ def check_row_parallel_linear(impl, t, strided, s, b, in_per_rank, n_out, seed):
                      "w_shard, b)", hint="y = x W^T + b, the same on every rank")
         bwd, events = traced(ctx, impl.row_parallel_linear_backward, dy, x_r, w_r, g,
                              names=["dy", "x_shard", "w_shard", "group"])
-        got = bwd.result
-        expect_equal(isinstance(got, tuple) and len(got), 3, rank=who,
-                     what="row_parallel_linear_backward(...) returns (dx_shard, dw_shard, "
-                          "db): its length")
+        got = expect_three(bwd.result, who, "row_parallel_linear_backward", "dx_shard, "
+                           "dw_shard, db")
         expect_comm(events, 0, spmd, what="row_parallel_linear_backward", hint=(
             "g's backward is the identity: dy is already whole on every rank, and each "
             "rank's dx_r, dW_r and db need nothing from the others"))
@@ -253,10 +255,8 @@ def check_sequence_parallel_layernorm(impl, t, strided, tokens_per_rank, b, h, s
         x_r, dy_r = np.split(x, t, axis=0)[r], np.split(dy, t, axis=0)[r]  # [s/t, b, h]
         call, events = traced(ctx, impl.sequence_parallel_layernorm_grads, dy_r, x_r, gamma,
                               g, names=["dy_shard", "x_shard", "gamma", "group"])
-        got = call.result
-        expect_equal(isinstance(got, tuple) and len(got), 3, rank=who,
-                     what="sequence_parallel_layernorm_grads(...) returns (dx_shard, dgamma, "
-                          "dbeta): its length")
+        got = expect_three(call.result, who, "sequence_parallel_layernorm_grads",
+                           "dx_shard, dgamma, dbeta")
         expect_comm(events, 2, spmd, most_bytes=2 * h * 8, what=(
             "sequence_parallel_layernorm_grads"), hint=(
             "only dgamma and dbeta ([h] each) need a reduction; LayerNorm normalises each "
@@ -309,12 +309,10 @@ LR, STEPS = 1e-2, 2
 HOW = ("recompute", "recompute_every")  # what a layout may change: how the model computes
 
 
-def batches(sc: Scenario) -> list:
-    rng = np.random.default_rng(1)
-    shape = (sc.cfg.seq_len, sc.global_batch)
-    return [(rng.integers(0, sc.cfg.vocab_size, shape), rng.integers(0, sc.cfg.vocab_size,
-                                                                    shape))
-            for _ in range(STEPS)]
+def batches(sc: Scenario) -> np.ndarray:
+    """STEPS (ids, targets) pairs of [s, global_batch] tokens: [STEPS, 2, s, B]."""
+    shape = (STEPS, 2, sc.cfg.seq_len, sc.global_batch)
+    return np.random.default_rng(1).integers(0, sc.cfg.vocab_size, shape)
 
 
 def one_device(sc: Scenario) -> np.ndarray:
@@ -332,18 +330,16 @@ def one_device(sc: Scenario) -> np.ndarray:
 
 def read_plan(plan, sc: Scenario):
     """(dims, sequence_parallel, cfg) of a plan, refused in the learner's terms."""
-    what = "choose_tensor_parallel_layout(...)"
-    keys = {"dims", "sequence_parallel", "cfg"}
-    if not isinstance(plan, dict) or set(plan) != keys:
-        raise GradeFailure(f"{sc.name}: {what} returned {plan!r:.100}, expected a dict with "
-                           f"the keys {sorted(keys)}")
+    keys = ["cfg", "dims", "sequence_parallel"]
+    if not isinstance(plan, dict) or sorted(plan) != keys:
+        raise GradeFailure(f"{sc.name}: choose_tensor_parallel_layout(...) returned "
+                           f"{plan!r:.100}, expected a dict with the keys {keys}")
     dims, sp, cfg = plan["dims"], plan["sequence_parallel"], plan["cfg"]
-    if not isinstance(dims, ParallelDims):
-        raise GradeFailure(f"{sc.name}: the plan's dims is {dims!r:.80}, expected "
-                           f"ParallelDims(dp_replicate=..., tp=...)")
-    if not isinstance(sp, (bool, np.bool_)) or not isinstance(cfg, GPTConfig):
-        raise GradeFailure(f"{sc.name}: the plan's sequence_parallel must be True or False "
-                           f"and its cfg a GPTConfig; received {sp!r:.40} and {cfg!r:.60}")
+    if not (isinstance(dims, ParallelDims) and isinstance(sp, (bool, np.bool_))
+            and isinstance(cfg, GPTConfig)):
+        raise GradeFailure(f"{sc.name}: the plan holds {dims!r:.60}, {sp!r:.20}, {cfg!r:.40}; "
+                           f"expected ParallelDims(dp_replicate=..., tp=...), True or False, "
+                           f"and a GPTConfig")
     world = sc.topology.world_size
     if dims.world_size != world or sc.global_batch % dims.dp:
         raise GradeFailure(
@@ -425,7 +421,8 @@ def check_tensor_parallel_layout(impl):
             f"your plan's cfg changes what the model computes ({', '.join(changed)}); a "
             f"layout may change only how ({' or '.join(HOW)})" if changed else
             "the layout must train the model one device trains"))
-        layout = f"dp={dims.dp}, tp={dims.tp}, sequence_parallel={sp}, recompute={cfg.recompute!r}"
+        layout = (f"dp={dims.dp}, tp={dims.tp}, sequence_parallel={sp}, "
+                  f"recompute={cfg.recompute!r}")
         expect_within(got["peak"] / 1e3, sc.activation_budget / 1e3, unit="kB", what=(
             f"{sc.name}: with {layout}, the peak of activations on global rank "
             f"{got['peak_rank']}"), hint=memory_hint(sp, cfg))
