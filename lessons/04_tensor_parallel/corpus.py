@@ -146,6 +146,25 @@ WRONG = [
           hint=["4 nodes x 2 GPUs, 3 layers", "spans nodes [0, 1]"]),
 ]
 
+PLAN_MEASURED = '''\
+    ids = np.zeros((cfg.seq_len, global_batch), dtype=int)  # the bytes do not depend on them
+
+    def peak(ctx, sp, trial):  # one forward and backward, as the grader measures them
+        run = parallelize(trial, dims, sequence_parallel=sp, lr=1e-3)
+        ctx.ledger.reset_peak()
+        base = ctx.ledger.held("activations")
+        run.forward_backward(ids, ids)
+        return ctx.ledger.peak("activations") - base
+
+    for sp, recompute in ((False, "none"), (True, "none"), (True, "selective")):
+        trial = cfg.with_(recompute=recompute)
+        peaks = mp.launch(lambda ctx: peak(ctx, sp, trial), topology.world_size,
+                          topology=topology)
+        if max(peaks) <= activation_budget:
+            break
+    return {"dims": dims, "sequence_parallel": sp, "cfg": trial}
+'''
+
 RIGHT = [
     right("the bias on group rank 0 before g, the target's entry by modulo, two all-reduces "
           "for dgamma and dbeta, and selective recomputation in place of sequence "
@@ -158,4 +177,9 @@ RIGHT = [
                       '    dbeta = mp.all_reduce(dbeta, "sum", group=group)\n'
                       "    both = np.concatenate([dgamma, dbeta])\n"),
               (PLAN_SEARCH, plan("False", 'cfg.with_(recompute="selective")'))]),
+    right("the layout chosen by measuring each candidate's activations on the simulated "
+          "cluster instead of estimating them", edits=[
+              ("from minipar.parallel import ParallelDims\n",
+               "from minipar.parallel import ParallelDims, parallelize\n"),
+              (PLAN_SEARCH, PLAN_MEASURED)]),
 ]
