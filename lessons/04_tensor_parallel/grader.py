@@ -36,10 +36,10 @@ def bias_values(n: int) -> np.ndarray:
     return 0.5 + np.arange(n) / 4.0
 
 
-def traced(ctx, fn, *args, names):
+def traced(ctx, spmd, fn, *args, names):
     """calls(ctx, fn, *args) and the comm events it issued (name, group, bytes)."""
     start = len(ctx.trace.events)
-    call = calls(ctx, fn, *args, names=names)
+    call = calls(ctx, fn, *args, names=names, rank=spmd.words)
     return call, [e for e in ctx.trace.events[start:] if e.stream == "comm"]
 
 
@@ -91,14 +91,14 @@ def check_column_parallel_linear(impl, t, strided, s, b, n_in, out_per_rank, see
         dy_r = np.split(dy, t, axis=-1)[r]
         dx_want = lin.backward(dy_r, saved)
 
-        fwd, events = traced(ctx, impl.column_parallel_linear_forward, x, w_r, b_r, g,
+        fwd, events = traced(ctx, spmd, impl.column_parallel_linear_forward, x, w_r, b_r, g,
                              names=["x", "w_shard", "b_shard", "group"])
         expect_comm(events, 0, spmd, what="column_parallel_linear_forward", hint=(
             "f is the identity in forward: every rank holds the whole x already, and y_r is "
             "only this rank's out/t outputs; the sum belongs to the row-parallel layer (g)"))
         expect_close(fwd.result, y_want, rank=who, what="column_parallel_linear_forward(x, "
                      "w_shard, b_shard)", hint="this rank's out/t outputs of x W^T + b")
-        bwd, events = traced(ctx, impl.column_parallel_linear_backward, dy_r, x, w_r, g,
+        bwd, events = traced(ctx, spmd, impl.column_parallel_linear_backward, dy_r, x, w_r, g,
                              names=["dy_shard", "x", "w_shard", "group"])
         got = expect_three(bwd.result, who, "column_parallel_linear_backward", "dx, dw_shard, "
                            "db_shard")
@@ -136,7 +136,7 @@ def check_row_parallel_linear(impl, t, strided, s, b, in_per_rank, n_out, seed):
         (y_want, _), saved = lin.forward(x_r)
         dx_want = lin.backward(dy, saved)
 
-        fwd, events = traced(ctx, impl.row_parallel_linear_forward, x_r, w_r, bias, g,
+        fwd, events = traced(ctx, spmd, impl.row_parallel_linear_forward, x_r, w_r, bias, g,
                              names=["x_shard", "w_shard", "b", "group"])
         expect_comm(events, 1, spmd, what="row_parallel_linear_forward", hint=(
             "g is one all-reduce in forward: each rank's x_r W_r^T is a partial sum of y"))
@@ -147,7 +147,7 @@ def check_row_parallel_linear(impl, t, strided, s, b, in_per_rank, n_out, seed):
                                f"all-reduce, so the sum holds it t times; add it once, after g")
         expect_close(y, y_want, rank=who, what="row_parallel_linear_forward(x_shard, "
                      "w_shard, b)", hint="y = x W^T + b, the same on every rank")
-        bwd, events = traced(ctx, impl.row_parallel_linear_backward, dy, x_r, w_r, g,
+        bwd, events = traced(ctx, spmd, impl.row_parallel_linear_backward, dy, x_r, w_r, g,
                              names=["dy", "x_shard", "w_shard", "group"])
         got = expect_three(bwd.result, who, "row_parallel_linear_backward", "dx_shard, "
                            "dw_shard, db")
@@ -213,7 +213,7 @@ def check_vocab_parallel_cross_entropy(impl, t, strided, s, b, vocab_per_rank, s
             want, saved = cross_entropy_forward(logits, targets)  # one device, full logits
             saved.release()
             shard = np.ascontiguousarray(np.split(logits, t, axis=-1)[r])  # [s, b, V/t]
-            call, events = traced(ctx, impl.vocab_parallel_cross_entropy_loss, shard,
+            call, events = traced(ctx, spmd, impl.vocab_parallel_cross_entropy_loss, shard,
                                   targets, g, names=["logits_shard", "targets", "group"])
             expect_comm(events, 3, spmd, most_bytes=small, what=(
                 "vocab_parallel_cross_entropy_loss"), hint=(
@@ -253,7 +253,7 @@ def check_sequence_parallel_layernorm(impl, t, strided, tokens_per_rank, b, h, s
     def program(ctx, spmd):
         g, r, who = spmd.group, spmd.rank, spmd.words
         x_r, dy_r = np.split(x, t, axis=0)[r], np.split(dy, t, axis=0)[r]  # [s/t, b, h]
-        call, events = traced(ctx, impl.sequence_parallel_layernorm_grads, dy_r, x_r, gamma,
+        call, events = traced(ctx, spmd, impl.sequence_parallel_layernorm_grads, dy_r, x_r, gamma,
                               g, names=["dy_shard", "x_shard", "gamma", "group"])
         got = expect_three(call.result, who, "sequence_parallel_layernorm_grads",
                            "dx_shard, dgamma, dbeta")

@@ -10,7 +10,7 @@
 # %% [markdown]
 # # Lesson 04 — Tensor and sequence parallelism
 #
-# Split every weight matrix of a layer across the GPUs of one node (Megatron-LM), then the activations between the blocks along the sequence.
+# Split every weight matrix across one node's GPUs (Megatron-LM), the activations between the blocks along the sequence, and choose a layout within a memory and a time budget.
 #
 # Data parallelism, with or without ZeRO (lesson 03), splits the *batch*: every rank still
 # runs whole layers on its own sequences. When a layer's weights, or the activations of a
