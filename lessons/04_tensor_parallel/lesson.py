@@ -514,9 +514,9 @@ print(f"(in the tensor-parallel row, 10·sbh = {10 * s * b * h / GB:.2f} GB a la
 #   sequence: f̄ gathers it before the QKV projection, and the heads are split as in
 #   section 3. It divides activation memory by t, not the attention's s² cost.
 # - **DeepSpeed-Ulysses** (Jacobs et al. 2023): every rank keeps s/t of the tokens and the
-#   whole weights (no tensor parallelism); an all-to-all before attention turns the split by
-#   sequence into a split by heads, [s/t, b, a, d] → [s, b, a/t, d], and another turns it
-#   back after. It needs a divisible by t.
+#   layer's whole weights (no tensor parallelism; ZeRO may shard them); an all-to-all before
+#   attention turns the split by sequence into a split by heads, [s/t, b, a, d] →
+#   [s, b, a/t, d], and another turns it back after. It needs a divisible by t.
 # - **Ring self-attention** (Li et al. 2021) and **ring attention** (Liu et al. 2023): every
 #   rank keeps s/t of the queries, keys and values, and the key/value blocks travel around
 #   a ring of the t ranks in t − 1 steps while each rank accumulates its queries'
@@ -573,8 +573,9 @@ for name in sent:
 # Megatron's all-gather and reduce-scatter move (t − 1)/t · S each, which is exactly the
 # all-reduce they replace; Ulysses' four all-to-alls move (t − 1)/t · S/t each, a volume
 # that shrinks as t grows; the ring sends the keys and values of s/t tokens t − 1 times,
-# overlappable with the blocks of attention it computes meanwhile. Only the last two split
-# attention itself along the sequence.
+# overlappable with the blocks of attention it computes meanwhile. Megatron's kind lives
+# inside tensor parallelism and needs its weight split; the other two split a layer's
+# tokens without splitting its weights, and only the ring never gathers a whole sequence.
 #
 # ## 6. Incident A: tensor parallelism across nodes
 #
@@ -756,7 +757,7 @@ print(f"dp=2 x tp=4 in a node, no sequence parallelism, no recomputation: activa
 #   10·sbh of activations by t, and needs one all-reduce of the LayerNorm and bias gradients.
 # - "Sequence parallelism" also names DeepSpeed-Ulysses (all-to-all from a sequence split to
 #   a head split) and ring attention (K/V blocks around a ring: context parallelism, lesson
-#   09); only those two split attention itself along the sequence.
+#   09); those two split the tokens without splitting the weights.
 # - Tensor parallelism stays inside a node's NVLink domain; across nodes its all-reduces
 #   run at InfiniBand speed (incident A). Choosing tp, sequence parallelism and
 #   recomputation is a budget of memory and time, measured on the simulated cluster
