@@ -44,6 +44,8 @@ class GPTConfig:
 
     vocab_size  V      seq_len   s (max positions)   hidden  h
     num_heads   a      num_layers l                  ffn_hidden (default 4h)
+    recompute   a block's own mode (nn/block.py), or "segments": checkpoint segments of
+                recompute_segment blocks, the last shorter (nn/segments.py)
     """
 
     vocab_size: int = 64

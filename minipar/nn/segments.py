@@ -3,21 +3,22 @@
     forward   x_b = B_{b-1}(... B_a(x_a))       per segment a..b-1: keep x_a and the generator
     backward  rerun B_a, ..., B_{b-1} from x_a, saving everything; then dx_a from dx_b
 
-Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", section 4: cut the
-chain of L layers into segments of k, keep only each segment's input during the forward,
-and in the backward rerun one segment's forward just before backpropagating through it.
-With I the bytes of a block's input and A the bytes a block saves when it keeps
-everything, the blocks hold at most (L divisible by k)
+Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost": cut the chain of L
+layers into segments of k, keep only each segment's input during the forward, and in the
+backward rerun one segment's forward just before backpropagating through it. With I the
+bytes of a block's input (p sbh for p-byte activations: 2 sbh in bf16, 8 sbh in float64)
+and A the bytes a block saves when it keeps everything, the blocks hold at most (L
+divisible by k)
 
     (L/k - 1) I + k A      the inputs of the L/k - 1 segments below + one segment rerun
 
 (the rerun segment's own input is inside its first block's A), smallest near
 k = sqrt(L I / A). Chen's sqrt(L) is that optimum when a layer keeps no more than its input
 (A = I); a transformer block keeps at least 16 times its input (A = 32 to 34 sbh plus the
-attention scores' 2 to 5 a s^2 b, against I = 2 sbh in 16 bits), so there the best k is
-small: sqrt(L / 16) or less. The exact peak, the shorter last
-segment included, is `minipar.plan.segments_activation_bytes`; the FLOPs are full
-recomputation's (one more forward of every block), whatever k.
+attention scores' 2 to 5 a s^2 b in 16 bits, against I = 2 sbh), so there the best k is
+small: sqrt(L / 16) or less. The exact peak, the shorter last segment included, is
+`minipar.plan.segments_activation_bytes`; the FLOPs are full recomputation's (one more
+forward of every block), whatever k.
 
 Segments are groups of k = GPTConfig.recompute_segment consecutive blocks of the range a
 blocks step runs, counted from its first block: lo..lo+k-1, lo+k..lo+2k-1, ...; when k does
