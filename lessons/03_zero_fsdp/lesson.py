@@ -346,12 +346,18 @@ for strategy in ShardingStrategy:
 # small, but the gathered weights were not: with nothing holding the all-gathers back,
 # FSDP's CPU thread runs ahead of the GPU and issues the gathers of many later layers at
 # once; their outputs stay allocated, on top of the recomputed forward's activations.
-# The fix: `limit_all_gathers=True` (at most 2 units whole or in flight) and checkpointing
-# in groups of 2 layers.
+# The reported fix: `limit_all_gathers=True` (at most 2 units whole or in flight) and
+# changing the checkpoint granularity "from per layer to groups of 2 layers".
 #
-# `minipar incident c` reproduces the mechanism; here it runs on a smaller model
-# (8 layers instead of 32) to stay fast. "Run-ahead" is prefetching every later unit with
-# no limit, what FSDP's host thread does when nothing holds it back:
+# Groups of 2 layers are *checkpoint segments* (Chen et al. 2016, "Training Deep Nets with
+# Sublinear Memory Cost"): keep only the input of every second layer, and in the backward
+# rerun the forward of two layers at a time before backpropagating through them. That is
+# `GPTConfig(recompute="segments", recompute_segment=2)`. It is not "recompute every second
+# layer and keep everything in the others", which holds *more* at every moment.
+#
+# `minipar incident c` reproduces the mechanism on 40 layers, a 13B's depth; here it runs
+# on 8 layers to stay fast. "Run-ahead" is prefetching every later unit with no limit,
+# what FSDP's host thread does when nothing holds it back:
 
 # %%
 cfg_c = zero3_recompute.MODEL.with_(num_layers=8)
@@ -371,12 +377,45 @@ for key in ("zero2", "zero3", "zero3_limit"):
 # comm column: with no limit, every block's all-gather is in flight at the same moment, so
 # the whole model exists gathered again on top of the shards (ZeRO-2's one block there is
 # the all-gather of a block's updated weights after the step). `limit_all_gathers=True`
-# admits two blocks at a time and the peak falls well below ZeRO-2's. Checkpointing every
-# second layer alone does not help: the layers that do not recompute keep all their
-# activations until their backward, so it saves recomputation (the GFLOP column), not
-# memory; together with the limit it fits, for fewer FLOPs. The ledger counts only what
-# is allocated; the reported 20 % also needs effects it does not model, such as allocator
-# fragmentation. (`minipar incident c` runs the 32-layer model.)
+# admits two blocks at a time and the peak falls well below ZeRO-2's. The ledger counts
+# only what is allocated; the reported 20 % also needs effects it does not model, such as
+# allocator fragmentation.
+#
+# Segments trade one term for another. With I the bytes of a layer's input (2sbh) and A
+# what a layer keeps when it keeps everything, per-layer checkpoints hold at most
+# (L − 1)·I + A at once (the inputs below, one layer rerun), and segments of k hold
+# (L/k − 1)·I + k·A: fewer inputs, a bigger rerun. Segments of k win by (k − 1)(L·I/k − A),
+# so only when L > k·A/I. For this model's layers, and on 8 layers (the table's activ
+# column) against the same model 40 layers deep, one device, ledger against
+# `plan.training_memory`:
+
+# %%
+for k in (1, 2, 3):
+    cfg_k = zero3_recompute.MODEL.with_(recompute="segments", recompute_segment=k)
+    with mp.device() as ctx:
+        model = GPT(cfg_k)
+        ctx.ledger.reset_peak()
+        ids = np.random.default_rng(0).integers(0, cfg_k.vocab_size, (cfg_k.seq_len, 1))
+        model.loss_and_grad(ids, np.roll(ids, -1, axis=0))
+        measured = ctx.ledger.peak("activations")
+    print(f"  {cfg_k.num_layers} layers, segments of {k}: activation peak {measured:>7,} B "
+          f"(ledger), {zero3_recompute.planned_activations(cfg_k):>9,.0f} B (formula)")
+for layers in (cfg_c.num_layers, zero3_recompute.MODEL.num_layers):
+    t = zero3_recompute.segment_terms(layers, cfg_c.seq_len, 1, cfg_c.hidden, cfg_c.num_heads)
+    print(f"  {layers} layers: A = {t['A'] / t['I']:g} I, segments of 2 help above 2A/I = "
+          f"{t['threshold']:g} layers; {t['segments'] - t['per_layer']:+,.0f} B "
+          f"= {(t['segments'] - t['per_layer']) / t['I']:+g} I for the blocks; best k = "
+          f"{t['best']} (sqrt(L I / A) = {t['sqrt_rule']:.2f}, sqrt(L) = {t['sqrt_l']:.2f})")
+
+# %% [markdown]
+# Deep enough, segments of 2 do lower the activations, and segments of 3 raise them again:
+# the best segment sits near √(L·I/A), not at Chen et al.'s √L, which holds for a chain
+# whose layers keep no more than their inputs (A = I); a transformer layer keeps many
+# times its input. So the seed's second lever is real but small and depth dependent —
+# bytes beside the model state's MiB — and under ZeRO-3 it costs something too: a
+# segment's rerun needs its 2 blocks' weights whole together (the params column of the
+# segments rows). The limit is what brings the peak back. (`minipar incident c` prints the
+# 40-layer table and the same reasoning.)
 
 # %% [markdown]
 # ## 6. A budget to fit: the task of Exercise 3.4
@@ -490,7 +529,8 @@ for no_sync, (peaks, _, sent) in accumulated.items():
 # - Between steps the ledger matches the formulas to the byte; during a step, gathered
 #   weights and whole gradient buffers come on top.
 # - Unbounded gathers can make ZeRO-3 peak above ZeRO-2 (incident C); `limit_all_gathers`
-#   bounds the live gathered units.
+#   bounds the live gathered units. Checkpoint segments of k layers keep L/k inputs but
+#   rerun k layers at once: they help only when L > kA/I.
 # - Activations are not model state: no ZeRO stage shards them; recomputation and smaller
 #   micro-batches do. Gradient accumulation under `no_sync` makes ZeRO-2/3 hold whole
 #   gradients plus shards (8Ψ + 8Ψ'/n in float64); reducing every micro-batch costs k
