@@ -306,7 +306,7 @@ SCENARIOS = (Scenario("the lesson's cluster, 2 nodes x 4 GPUs", a100_nodes(2, 4)
                       MODEL.with_(num_layers=3), global_batch=4, activation_budget=1.8e6,
                       tp_comm_budget=100e-6))
 LR, STEPS = 1e-2, 2
-HOW = ("recompute", "recompute_every")  # what a layout may change: how the model computes
+HOW = ("recompute", "recompute_segment")  # what a layout may change: how the model computes
 
 
 def batches(sc: Scenario) -> np.ndarray:
