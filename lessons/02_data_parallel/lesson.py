@@ -30,7 +30,7 @@ from minipar.data import split_data_parallel, split_microbatches
 from minipar.nn import GPT, GPTConfig
 from minipar.optim import SGD, AdamW, clip_coef, global_grad_norm
 from minipar.parallel import DistributedDataParallel, accumulate_gradients
-from minipar.runtime.cost import ring_all_reduce_time
+from minipar.runtime.cost import collective_cost, ring_all_reduce_time
 from minipar.viz.timeline import measure, render_timeline
 
 MIB = 2**20  # bucket_cap_mb counts MiB, as PyTorch does
@@ -315,11 +315,38 @@ print(f"backward time = all-reduce bandwidth time at T* = (N−1)/N · peak/β =
       f"{bw / 1e9:.0f} GB/s); this run has {tokens_per_rank:,}")
 
 # %% [markdown]
-# Below T* tokens per rank, gradient communication is longer than the backward and can
-# only be partly hidden; well above it, buckets hide nearly all of it. Across nodes (50
-# GB/s InfiniBand instead of 450 GB/s NVLink) T* is about nine times larger. That is why
-# large runs keep the per-rank batch large, and why gradient accumulation (next) helps: k
-# micro-batches give k times the compute per all-reduce.
+# That T* holds for N = 2 only. The factor (N−1)/N is ½ at N = 2 and tends to 1, and once
+# the group leaves the node the gradients cross InfiniBand. Below, T* for a 7B-parameter
+# model (large enough that the latencies do not count) from the cost model the simulated
+# clock uses: T* = (all-reduce time of its 2Ψ bytes) / (backward time of one token,
+# 4Ψ/peak), on one node of N GPUs, on nodes of 8 (where minipar's all-reduce is the
+# hierarchical one: reduce-scatter in the node, all-reduce across, all-gather in the
+# node), and on nodes of one GPU each (a flat ring over InfiniBand).
+
+# %%
+PSI_7B = 7e9
+layouts = {"1 node of 2": (1, 2), "1 node of 4": (1, 4), "1 node of 8": (1, 8),
+           "2 nodes of 8": (2, 8), "8 nodes of 8": (8, 8), "64 nodes of 8": (64, 8),
+           "2 nodes of 1": (2, 1), "8 nodes of 1": (8, 1)}
+t_stars = {}  # layout -> T*, tokens per rank
+for label, (nodes, per_node) in layouts.items():
+    cluster = mp.Topology.nodes(nodes, gpus_per_node=per_node)
+    cost = collective_cost("all_reduce", 2 * PSI_7B, range(nodes * per_node), cluster)
+    t_stars[label] = cost.seconds * cluster.device.peak("bfloat16") / (4 * PSI_7B)
+    print(f"  N = {nodes * per_node:>3} ({label:<13}) {cost.algorithm:<12} "
+          f"T* = {t_stars[label]:6,.0f} tokens per rank")
+
+# %% [markdown]
+# Inside a node T* rises from 1,099 tokens at N = 2 to 1,924 at N = 8, and can never pass
+# peak/β ≈ 2,198 however many GPUs share the NVLink. Across nodes of 8, InfiniBand carries
+# 1/8 of the gradient from each GPU: T* is 3,160 at 16 GPUs and creeps up to 4,380 at 512,
+# toward twice the NVLink limit (about 4,400). Without an NVLink domain to reduce in
+# first, a ring over InfiniBand needs 9,890 tokens at N = 2 (nine times the NVLink figure,
+# the bandwidth ratio) and 17,310 at N = 8. Below T* tokens per rank, gradient
+# communication is longer than the backward and can only be partly hidden; well above
+# it, buckets hide nearly all of it. That is why large runs keep the per-rank batch large,
+# and why gradient accumulation (next) helps: k micro-batches give k times the compute
+# per all-reduce.
 #
 # ## 5. Gradient accumulation and the scaling trap
 #
