@@ -445,6 +445,73 @@ for use_no_sync in (True, False):
 # The gradient is right either way; without `no_sync` every micro-batch pays a full
 # all-reduce (k times the traffic), with it one all-reduce per bucket per step, whatever k.
 #
+# ## 6. A step on a budget
+#
+# Exercise 2.5 hands you the levers of this lesson and two budgets, and grades what the
+# ledger and the clock measure, not a formula. The setting: a node of 4 H100s, laid out
+# as a 2 × 2 mesh; your data-parallel group is one of its dimensions (the grader tries
+# both), and the other group takes its own step beside yours. The model is a float64 GPT
+# (so your gradients can be checked against one device's to 1e-10), with h = 128 and 4
+# blocks. Each rank of your group has 24 sequences of 32 tokens. On an H100 float64 runs
+# at 67 TFLOP/s and each gradient is 8 bytes: T* (section 4) for this dtype, from the
+# same cost model:
+
+# %%
+budget_cfg = GPTConfig(vocab_size=64, seq_len=32, hidden=128, num_heads=4, num_layers=4)
+PER_RANK, MAX_SEQUENCES = 24, 16  # sequences per rank; at most this many in one forward
+EXPOSED_BUDGET = 9.5 * US  # how much longer than its compute the step may last
+node = mp.Topology.nodes(1, gpus_per_node=4)
+fp64_ar = collective_cost("all_reduce", 8 * PSI_7B, range(2), node).seconds  # ranks 0, 1
+t_star_fp64 = fp64_ar * node.device.peak("float64") / (4 * PSI_7B)
+print(f"float64, N = 2 in a node: T* = {t_star_fp64:,.0f} tokens per rank; "
+      f"exercise 2.5 has {PER_RANK * budget_cfg.seq_len:,}")
+budget_ids, budget_targets = rng.integers(0, budget_cfg.vocab_size,
+                                          (2, budget_cfg.seq_len, 2 * PER_RANK))  # [s, 48]
+
+
+def activations_of(ctx, sequences):
+    """The ledger's peak activations for one forward and backward of `sequences`."""
+    model = GPT(budget_cfg)
+    ctx.ledger.reset_peak()
+    model.loss_and_grad(budget_ids[:, :sequences], budget_targets[:, :sequences])
+    return ctx.ledger.peak("activations")
+
+
+def naive_step(ctx):
+    """DDP with the default bucket, the whole batch in one forward: (step − compute,
+    peak activations)."""
+    model = GPT(budget_cfg)
+    ddp = DistributedDataParallel(model, AdamW, bucket_cap_mb=25.0)
+    ctx.ledger.reset_peak()
+    model.loss_and_grad(*split_data_parallel(budget_ids, budget_targets, ctx.rank, 2))
+    ddp.full_grads()
+    first = min(e.start for e in ctx.trace.of("compute"))
+    t = measure(ctx.trace.events, ctx.world_size, start=first)[ctx.rank]
+    return t.window - t.compute, ctx.ledger.peak("activations")
+
+
+activation_budget = mp.launch(lambda ctx: activations_of(ctx, MAX_SEQUENCES), 1)[0]
+naive_over, naive_peak = mp.launch(naive_step, 2, topology=topo)[0]  # one group, NVLink
+print(f"budgets: activations {activation_budget / MIB:.2f} MiB (what {MAX_SEQUENCES} "
+      f"sequences hold), step − compute {EXPOSED_BUDGET / US:.1f} µs")
+print(f"DDP's defaults, all {PER_RANK} sequences at once: activations {naive_peak / MIB:.2f} "
+      f"MiB, step − compute {naive_over / US:.2f} µs")
+
+# %% [markdown]
+# The step that ignores both budgets holds the activations of all 24 sequences and
+# leaves its whole all-reduce exposed. Your `budgeted_step(model, ids, targets, group,
+# max_sequences)` must fill every `p.grad` with the gradient of the group's whole batch
+# (as 2.1 would leave it), never hold more than the activations of 16 sequences, and
+# finish at most 9.5 µs after its compute would alone (the window runs from the first
+# forward to the last event, so communication hidden under compute costs nothing, and
+# compute added to hide it does). The levers: `bucket_cap_mb`; how many micro-batches,
+# of what sizes, in what order; `no_sync()`; or no engine at all, your own all-reduces
+# launched from `model.hooks` (DDP's `backward_post`). Think first about which
+# all-reduces can still overlap anything once the last backward begins, and what a
+# bucket costs besides its bytes; then measure with `measure` as section 4 does. There
+# is more than one way in, and both budgets are tight enough that the first guess may
+# not be.
+#
 # ## Exercises
 #
 # Open `exercise.py` in this directory, replace each `raise NotImplementedError(...)` with
