@@ -5,8 +5,8 @@
     minipar train [--steps N] [--batch B] [--micro-batches K] [--seq-len S] [--layers L]
                   [--hidden H] [--heads A] [--lr LR] [--warmup W] [--dtype D] [--seed N]
                   [--sample N] [--temperature T] [--prompt TEXT] [--quiet]
-    minipar lessons [list | open NN | build [--check] [--force] [NN ...]]
-    minipar grade NN [--impl exercise|solution|PATH]
+    minipar lessons [list | open NN | build [--check] [--force] [NN ...] | corpus [NN ...]]
+    minipar grade NN [--impl exercise|solution|PATH] [--time-limit SECONDS]
     minipar --version
 
 Every flag is checked when it is parsed (a number is finite and in its range, a path can be
@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 
 from . import __version__
 from .course import find_lesson, grade
+from .course.grading import TIME_LIMIT
 from .data import load_corpus
 from .programs import lessons, train_report
 from .programs.incidents import INCIDENTS, get
@@ -67,7 +68,7 @@ def _lessons(args: argparse.Namespace) -> int:
 def _grade(args: argparse.Namespace) -> int:
     if _missing_lesson("grade", [args.lesson]):
         return 2
-    report = grade(args.lesson, args.impl)
+    report = grade(args.lesson, args.impl, seconds_per_check=args.time_limit)
     return 0 if report.passed else 1
 
 
@@ -248,9 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
                         description="The course in lessons/: `minipar lessons` lists the "
                                     "lessons, `minipar lessons open NN` prints where one's "
                                     "files are, `minipar lessons build` regenerates every "
-                                    "exercise.py from its solution.py (--check only compares).")
-    le.add_argument("action", nargs="?", choices=("list", "open", "build"), metavar="ACTION",
-                    help="list (default) | open NN | build [NN ...]")
+                                    "exercise.py from its solution.py (--check only compares), "
+                                    "`minipar lessons corpus` checks that every known wrong "
+                                    "answer fails with its hint and every right one passes.")
+    le.add_argument("action", nargs="?", choices=("list", "open", "build", "corpus"),
+                    metavar="ACTION",
+                    help="list (default) | open NN | build [NN ...] | corpus [NN ...]: grade "
+                         "the known wrong and right answers of each lesson's corpus.py")
     le.add_argument("numbers", nargs="*", metavar="NN", type=_lesson_number,
                     help="lesson number(s)")
     le.add_argument("--check", action="store_true",
@@ -269,6 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("lesson", metavar="NN", type=_lesson_number, help="lesson number, e.g. 01")
     gr.add_argument("--impl", default="exercise", metavar="WHICH", type=_implementation,
                     help="exercise (default: your file), solution, or a path to a .py file")
+    gr.add_argument("--time-limit", metavar="SECONDS", default=TIME_LIMIT,
+                    type=_number(float, 0, True, "a positive number of seconds"),
+                    help=f"stop a check that runs longer than this (default {TIME_LIMIT:g} s): "
+                         "a loop that never ends, a collective some rank never joins")
     gr.set_defaults(func=_grade)
 
     tr = sub.add_parser("train", help="train a small GPT on the bundled corpus on one "

@@ -46,6 +46,11 @@ CLI_CASES: list[tuple[list[str], list[str]]] = [
     (["lessons", "--check"], ["--check and --force", "build"]),
     (["lessons", "--force"], ["--check and --force", "build"]),
     (["lessons", "build", "--check", "--force"], ["--check only compares", "--force"]),
+    (["lessons", "corpus", "--check"], ["--check and --force", "build"]),
+    (["grade", "00", "--time-limit", "0"], ["--time-limit", "positive number of seconds"]),
+    (["grade", "00", "--time-limit", "nan"], ["--time-limit", "positive number of seconds"]),
+    (["grade", "00", "--time-limit", "soon"], ["--time-limit", "positive number of seconds",
+                                               "'soon'"]),
     # train: runs that cannot end (10^20 steps ran for ever; so did 10^12 characters)
     (["train", "--steps", "99999999999999999999"], ["--steps", "at most 1,000,000"]),
     (["train", "--sample", "1000000000000"], ["--sample", "at most 100,000"]),

@@ -20,6 +20,11 @@ path to any .py file) and reports each as passed, not implemented yet (the exerc
 raises NotImplementedError), failed (an expectation did not hold: which rank, what was
 expected, what was received, and the smallest failing configuration hypothesis shrank the
 failure to) or raised (the implementation crashed: the exception and where).
+
+What a check states lives in expect.py (expect_close and its summaries of differences and
+named ratios); how it runs the learner's code — on a 2-D mesh with an explicit group,
+rendezvous sends, inputs copied and mutation named, the collectives that ran recorded —
+in spmd.py. Both are re-exported here, so a grader imports from one place.
 """
 
 from __future__ import annotations
@@ -33,14 +38,22 @@ import threading
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Callable, Iterable, Optional, Union
 
-import numpy as np
 from hypothesis import HealthCheck, Phase, settings
 
-from ..runtime.errors import RankFailedError
-from ..runtime.launch import launch
 from .catalog import Lesson, find_lesson
+from .expect import (GradeFailure, describe_ratio, expect_close, expect_equal,
+                     expect_within)
+from .spmd import (LAUNCH, Call, Spmd, calls, forbid_collectives, mesh_of,
+                   on_mesh, on_ranks, rank_words, world_sizes)
+
+#: what a grader imports from here: the runner's marks and settings, and (re-exported)
+#: the expectations of expect.py and the SPMD harness of spmd.py
+__all__ = ["SETTINGS", "TIME_LIMIT", "exercise", "grade", "GradeReport", "Outcome",
+           "load_implementation", "GradeFailure", "describe_ratio", "expect_close",
+           "expect_equal", "expect_within", "LAUNCH", "Call", "Spmd", "calls",
+           "forbid_collectives", "mesh_of", "on_mesh", "on_ranks", "rank_words", "world_sizes"]
 
 #: what every check runs under: reproducible, no deadline, small; a failure is shrunk to
 #: the smallest configuration (no "explain" phase: it reruns the check many times more)
@@ -50,78 +63,12 @@ SETTINGS = settings(max_examples=20, derandomize=True, deadline=None, database=N
                     report_multiple_bugs=False)  # one failure, shrunk, not an ExceptionGroup
 
 
-class GradeFailure(AssertionError):
-    """An expectation that did not hold, worded for the learner."""
-
-
 def exercise(number: str, title: str) -> Callable:
     """Mark a grader function as the check of exercise `number`."""
     def mark(fn: Callable) -> Callable:
         fn.exercise, fn.title = number, title
         return fn
     return mark
-
-
-def _show(a: np.ndarray) -> str:
-    if a.ndim == 0:
-        return repr(a.item())
-    text = np.array2string(a, precision=6, threshold=12, edgeitems=3, max_line_width=88)
-    return f"{text} (shape {a.shape}, {a.dtype})"
-
-
-def expect_close(received: Any, expected: Any, *, what: str, rank: Optional[int] = None,
-                 rtol: float = 1e-10, atol: float = 1e-12, hint: str = "") -> None:
-    """Raise GradeFailure unless `received` has `expected`'s shape and values (within
-    rtol·|expected| + atol)."""
-    where = f"rank {rank}: " if rank is not None else ""
-    if received is None:
-        raise GradeFailure(f"{where}{what} returned None, expected {_show(np.asarray(expected))}"
-                           f"; did you forget a `return`? {hint}".rstrip())
-    r, e = np.asarray(received), np.asarray(expected)
-    if r.shape != e.shape:
-        raise GradeFailure(f"{where}{what} has shape {r.shape}, expected shape {e.shape}. "
-                           f"{hint}".rstrip())
-    rf, ef = r.astype(np.float64), e.astype(np.float64)
-    bad = ~(np.abs(rf - ef) <= atol + rtol * np.abs(ef))
-    if bad.any():
-        i = np.unravel_index(int(np.argmax(np.where(bad, np.abs(rf - ef), -1.0))), r.shape)
-        at = f" at index {tuple(int(k) for k in i)}" if r.ndim else ""
-        off = float(np.abs(rf - ef)[i])
-        detail = (f"off by {off:.3g}" if r.ndim == 0 else
-                  f"{int(bad.sum())} of {bad.size} elements differ; the largest difference "
-                  f"is {off:.3g}{at}")
-        raise GradeFailure(f"{where}{what}: expected {_show(e)}\n    but received {_show(r)}\n"
-                           f"    ({detail}). {hint}".rstrip())
-
-
-def expect_equal(received: Any, expected: Any, *, what: str, rank: Optional[int] = None,
-                 hint: str = "") -> None:
-    """Raise GradeFailure unless received == expected (numbers, strings, tuples, lists)."""
-    if received != expected:
-        where = f"rank {rank}: " if rank is not None else ""
-        raise GradeFailure(f"{where}{what}: expected {expected!r} but received {received!r}. "
-                           f"{hint}".rstrip())
-
-
-#: how checks launch a learner's code: rendezvous sends, as NCCL's (a ring that sends
-#: before it receives is the deadlock it would be on a cluster, not a pass), and a watchdog
-#: that names a rank which never comes back to minipar (an endless loop, a sleep)
-LAUNCH = {"sends": "rendezvous", "timeout": 30.0}
-
-
-def on_ranks(program: Callable, world_size: int, **launch_kw):
-    """mp.launch(program, world_size) for a check, with LAUNCH's sends and timeout unless
-    given: an exercise's NotImplementedError or a failed expectation inside a rank comes
-    out as itself, noting the rank."""
-    try:
-        return launch(program, world_size, **{**LAUNCH, **launch_kw})
-    except RankFailedError as e:
-        if isinstance(e.original, (NotImplementedError, AssertionError)):
-            original = e.original
-            if not isinstance(original, NotImplementedError):
-                original.add_note(f"(raised on rank {e.rank} of {world_size})")
-            raise original.with_traceback(original.__traceback__) from None
-        raise
 
 
 _counter = itertools.count()
@@ -222,17 +169,34 @@ def _resolve(lesson: Lesson, impl: Union[str, Path]) -> Path:
     return Path(impl)
 
 
+#: how long one check may run before it is stopped (`minipar grade --time-limit`)
+TIME_LIMIT = 30.0
+
+
 def grade(lesson: Union[str, Lesson], impl: Union[str, Path] = "exercise",
-          out: Callable[[str], None] = print, seconds_per_check: float = 120) -> GradeReport:
+          out: Callable[[str], None] = print, seconds_per_check: float = TIME_LIMIT,
+          only: Optional[Iterable[str]] = None) -> GradeReport:
     """Run lesson's grader on `impl`; print each exercise's outcome through `out`. A check
-    that runs longer than `seconds_per_check` is stopped and reported."""
+    that runs longer than `seconds_per_check` is stopped and reported. only: grade these
+    exercise numbers ("1.3", ...) and skip the others."""
     lesson = lesson if isinstance(lesson, Lesson) else find_lesson(lesson)
+    if not (isinstance(seconds_per_check, (int, float)) and seconds_per_check > 0):
+        raise ValueError(f"seconds_per_check is a positive number of seconds, got "
+                         f"{seconds_per_check!r}")
     path = _resolve(lesson, impl)
     grader = load_implementation(lesson.path("grader"))
     module = load_implementation(path)
     report = GradeReport(lesson, path)
+    checks = checks_of(grader)
+    if only is not None:
+        wanted = set(only)
+        unknown = wanted - {c.exercise for c in checks}
+        if unknown:
+            raise KeyError(f"lesson {lesson.number} has no exercise {', '.join(sorted(unknown))}; "
+                           f"its exercises are {', '.join(c.exercise for c in checks)}")
+        checks = [c for c in checks if c.exercise in wanted]
     out(f"{lesson.title}: grading {path}")
-    for check in checks_of(grader):
+    for check in checks:
         try:
             with time_limit(seconds_per_check):
                 check(module)
@@ -240,12 +204,13 @@ def grade(lesson: Union[str, Lesson], impl: Union[str, Path] = "exercise",
         except CheckTimeout as e:
             outcome = Outcome(check.exercise, check.title, "raised",
                               f"stopped: {e}{_where(e, path)}; is there a loop that never "
-                              "ends, or a collective some rank never joins?")
+                              "ends, or a collective some rank never joins? (`minipar grade "
+                              "--time-limit SECONDS` gives a check longer)")
         except NotImplementedError as e:
             outcome = Outcome(check.exercise, check.title, "todo", str(e))
         except AssertionError as e:
             config = _falsifying(e)
-            notes = [n for n in getattr(e, "__notes__", []) if n.startswith("(raised on rank")]
+            notes = [n for n in getattr(e, "__notes__", []) if n.startswith("(raised on ")]
             msg = str(e) + (f"\n    {notes[0]}" if notes else "")
             if config:
                 msg += f"\n    smallest failing configuration: {config}"

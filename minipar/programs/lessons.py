@@ -1,10 +1,14 @@
-"""`minipar lessons`: list the course, show where a lesson's files are, build exercises."""
+"""`minipar lessons`: list the course, show where a lesson's files are, build exercises,
+run the corpus of known answers."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Sequence
 
 from ..course import all_lessons, build_exercises, find_lesson
+from ..course.corpus import corpus_of, gaps, run_corpus
 
 
 def run(action: str, numbers: Sequence[str], check: bool = False, force: bool = False) -> int:
@@ -36,6 +40,8 @@ def run(action: str, numbers: Sequence[str], check: bool = False, force: bool = 
             p = lesson.path(which)
             print(f"  {which + '.py':<12} {p}\n  {'':<12} {what.format(p=p)}")
         return 0
+    if action == "corpus":
+        return corpus([find_lesson(n) for n in numbers] or all_lessons())
     lessons = [find_lesson(n) for n in numbers] or None
     results = build_exercises(lessons, check=check, force=force)
     words = {"unchanged": "up to date", "written": "written",
@@ -45,3 +51,19 @@ def run(action: str, numbers: Sequence[str], check: bool = False, force: bool = 
     for r in results:
         print(f"{r.lesson.path('exercise')}: {words[r.status]}")
     return 0 if all(r.ok for r in results) else 1
+
+
+def corpus(lessons) -> int:
+    """Grade each lesson's known wrong and right answers; exit 1 if one does not hold or the
+    corpus lacks a case it needs."""
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        for lesson in lessons:
+            wrongs, rights = corpus_of(lesson)
+            print(f"{lesson.title}: {len(wrongs)} wrong and {len(rights)} right answers")
+            results = run_corpus(lesson, Path(tmp), out=print)
+            missing = gaps(lesson, wrongs, rights)
+            for m in missing:
+                print(f"  [gap ] {m}")
+            ok = ok and all(r.ok for r in results) and not missing
+    return 0 if ok else 1

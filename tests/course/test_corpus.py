@@ -1,0 +1,111 @@
+"""Every lesson's corpus of known answers: each wrong answer fails with its hint, each right
+alternative passes, and no exercise lacks a misconception or a small-only wrong answer.
+The corpus machinery itself is tested on a lesson made here."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from minipar.course import all_lessons
+from minipar.course.catalog import Lesson
+from minipar.course.corpus import corpus_of, gaps, patched, right, run_case, wrong
+
+LESSONS = all_lessons()
+CASES = [pytest.param(lesson, case, id=f"{lesson.number}:{getattr(case, 'exercise', 'right')}:"
+                      f"{case.title}")
+         for lesson in LESSONS for case in sum(corpus_of(lesson), [])]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("lesson, case", CASES)
+def test_a_known_answer_is_graded_as_it_should(lesson, case, tmp_path):
+    result = run_case(lesson, case, tmp_path)
+    assert result.ok, f"{result.problem}; the report was:\n{result.report}"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[lesson.number for lesson in LESSONS])
+def test_every_exercise_has_both_kinds_of_wrong_answer_and_the_lesson_a_right_one(lesson):
+    assert gaps(lesson, *corpus_of(lesson)) == []
+
+
+# -- the machinery, on a lesson of one exercise -----------------------------------------
+
+SOLUTION = '''\
+def double(x):
+    """2x."""
+    # BEGIN SOLUTION Exercise 9.1: double it — see lesson.py, section 1
+    return 2 * x
+    # END SOLUTION
+'''
+GRADER = '''\
+from hypothesis import given, strategies as st
+from minipar.course.grading import SETTINGS, exercise, expect_close
+
+@exercise("9.1", "double it")
+@SETTINGS
+@given(x=st.integers(-5, 5))
+def check_double(impl, x):
+    expect_close(impl.double(float(x)), 2.0 * x, what=f"double({x})",
+                 ratios={"1/2": "returned x, not doubled"})
+'''
+
+
+@pytest.fixture
+def tiny_lesson(tmp_path):
+    d = tmp_path / "99_tiny"
+    d.mkdir()
+    (d / "lesson.py").write_text("# %% [markdown]\n# # Lesson 99 — Tiny\n#\n# One line.\n")
+    (d / "solution.py").write_text(SOLUTION)
+    (d / "grader.py").write_text(GRADER)
+    return Lesson("99", d)
+
+
+def test_a_wrong_answer_with_its_hint_holds(tiny_lesson, tmp_path):
+    case = wrong("9.1", "misconception", "forgets to double", old="2 * x", new="x",
+                 hint=["received = ½ expected everywhere: returned x, not doubled",
+                       "smallest failing configuration: x=1"])
+    result = run_case(tiny_lesson, case, tmp_path)
+    assert result.ok, result.report
+
+
+def test_a_wrong_answer_that_passes_or_lacks_its_hint_does_not_hold(tiny_lesson, tmp_path):
+    passes = wrong("9.1", "small-only", "x + x", old="2 * x", new="x + x", hint=["anything"])
+    result = run_case(tiny_lesson, passes, tmp_path)
+    assert not result.ok and "were reported passed" in result.problem
+    no_hint = wrong("9.1", "misconception", "triples", old="2 * x", new="3 * x",
+                    hint=["returned x, not doubled"])
+    result = run_case(tiny_lesson, no_hint, tmp_path)
+    assert not result.ok and "without the hint 'returned x, not doubled'" in result.problem
+
+
+def test_a_right_answer_must_pass(tiny_lesson, tmp_path):
+    assert run_case(tiny_lesson, right("x + x", old="2 * x", new="x + x"), tmp_path).ok
+    assert not run_case(tiny_lesson, right("off by one", old="2 * x", new="2 * x + 1"),
+                        tmp_path).ok
+
+
+def test_patches_must_match_exactly_once_and_be_well_formed(tiny_lesson):
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        patched(SOLUTION, right("nope", old="3 * x", new="x"))
+    with pytest.raises(ValueError, match="occurs 2 times"):
+        patched(SOLUTION + "# 2 * x\n", right("twice", old="2 * x", new="x"))
+    with pytest.raises(ValueError, match="kind is one of"):
+        wrong("9.1", "typo", "t", old="a", new="b", hint=["h"])
+    with pytest.raises(ValueError, match="hint is a non-empty list"):
+        wrong("9.1", "misconception", "t", old="a", new="b", hint="h")
+    with pytest.raises(ValueError, match="give old= and new="):
+        right("t", old="a")
+    with pytest.raises(ValueError, match="different new text"):
+        right("t", old="a", new="a")
+
+
+def test_gaps_name_what_the_corpus_lacks(tiny_lesson):
+    only = [wrong("9.1", "misconception", "halves", old="2 * x", new="x / 2", hint=["h"]),
+            wrong("9.2", "small-only", "elsewhere", old="2 * x", new="x", hint=["h"])]
+    assert gaps(tiny_lesson, only, []) == [
+        "exercise 9.1 has no 'small-only' wrong answer",
+        "'elsewhere' is for exercise 9.2, which lesson 99 does not have",
+        "lesson 99 has no right alternative solution"]
+    assert textwrap.dedent(SOLUTION)  # the fixture's solution is what the cases patch
