@@ -96,12 +96,20 @@ def check_all_reduce_gradients(impl, size, strided, per_rank, layers, tied, seed
         g = which_group(spmd)
         model = GPT(cfg)
         model.loss_and_grad(*split_data_parallel(*data[g], spmd.rank, spmd.size))  # [s, per_rank]
+        own = {p.name: p.grad.copy() for p in model.parameters()}  # this shard's gradient
         call, events = traced(ctx, spmd, lambda: impl.all_reduce_gradients(model, spmd.group))
         check_group_of(events, spmd, "all_reduce_gradients")
         if size > 1 and not call.collectives:
             raise GradeFailure(f"{spmd.words}: all_reduce_gradients ran no collective, so each "
                                "rank kept the gradient of its own shard; the group's ranks "
                                "must combine theirs")
+        if size > 1 and all(np.array_equal(p.grad, own[p.name]) for p in model.parameters()):
+            raise GradeFailure(
+                f"{spmd.words}: after all_reduce_gradients every p.grad still holds this "
+                f"rank's own gradient, although {', '.join(sorted(set(call.collectives)))} "
+                "ran: minipar's collectives return a new array and leave their input alone "
+                "(unlike torch.distributed.all_reduce, which works in place); store the "
+                "result in p.grad")
         for p in model.parameters():
             c = constant_ratio(p.grad, expected[g][p.name])
             halved = c is not None and size > 2 and np.isclose(c, size / 2)
@@ -210,16 +218,26 @@ def check_launch_after(impl, cfg, pick, exact, general, seed):
     got = impl.launch_after([list(u) for u in units], list(order))
     got = list(got) if isinstance(got, tuple) else got
     what = f"launch_after({units}, {order})"
-    if isinstance(got, list) and len(got) == len(expected):
+    if isinstance(got, list) and len(got) == len(expected) and set(got) <= set(order):
         for j, (g, e) in enumerate(zip(got, expected)):
-            if g != e and g in order and order.index(g) < max(order.index(u) for u in units[j]):
-                raise GradeFailure(
-                    f"{what}: bucket {j} is launched after {g!r}, but it also holds the "
-                    f"gradients of a unit whose backward finishes later; expected {expected!r} "
-                    f"but received {got!r}")
+            own = max(order.index(u) for u in units[j])  # its last unit to finish
+            if order.index(g) < own:
+                why = (f"bucket {j} would go out after {g!r}, but it also holds the gradients "
+                       f"of {order[own]!r}, whose backward finishes later")
+            elif order.index(g) < order.index(e):
+                why = (f"bucket {j}'s own units are done after {g!r}, but the bucket ahead of "
+                       "it goes out later: buckets go out in their order, a bucket never "
+                       "before the one ahead of it")
+            elif order.index(g) > order.index(e):
+                why = (f"bucket {j} waits until {g!r}, but it could go out at {e!r}: DDP "
+                       "launches a bucket at the first backward_post at which it may go out, "
+                       "to overlap the rest of the backward")
+            else:
+                continue
+            raise GradeFailure(f"{what}: expected {expected!r} but received {got!r}; {why} "
+                               "(section 3, step 3)")
     expect_equal(got, expected, what=what,
-                 hint="buckets go out in their order: a bucket never goes out before the "
-                      "one ahead of it, even when its own units are done (section 3, step 3)")
+                 hint="one unit name per bucket, in the buckets' order (section 3, step 3)")
 
 
 # ---- 2.4 -----------------------------------------------------------------------------
@@ -249,6 +267,10 @@ def check_accumulate(impl, size, strided, per_rank, layers, cap_mb, seed):
         what = (f"accumulate(model, micro-batches of {sizes} sequences"
                 + (", engine=DistributedDataParallel(...))" if use_engine else ")"))
 
+        forwards = []  # when each forward began on the clock
+        model.hooks.register("forward_pre",
+                             lambda u: forwards.append(ctx.clock.now) if u == "root" else None)
+
         def accumulate(micro_batches):
             return impl.accumulate(model, micro_batches, engine)
 
@@ -266,6 +288,14 @@ def check_accumulate(impl, size, strided, per_rank, layers, cap_mb, seed):
                          hint=why.get(runs, "one all-reduce per bucket per step, whatever "
                                             "the number of micro-batches"))
             check_group_of(events, spmd, "accumulate")
+            last = forwards[-1] if forwards else float("inf")
+            early = [e for e in events if e.name == "all_reduce" and e.end <= last]
+            if early:
+                raise GradeFailure(
+                    f"{spmd.words}: {what}: {len(early)} of the {runs} all-reduce(s) ran "
+                    f"before the last of the {len(forwards)} micro-batches began, so the "
+                    "gradients of the micro-batches after them were never averaged over the "
+                    "group: only the last backward may communicate")
         grads = engine.full_grads() if use_engine else \
             {p.name: p.grad for p in model.parameters()}
         for name, e in expected[g].items():
@@ -289,25 +319,22 @@ def check_accumulate(impl, size, strided, per_rank, layers, cap_mb, seed):
 BUDGET_CFG = GPTConfig(vocab_size=64, seq_len=32, hidden=128, num_heads=4, num_layers=4)
 MAX_SEQUENCES, EXPOSED_BUDGET = 16, 9.5 * US  # lesson.py, section 6
 NODE = mp.Topology.nodes(1, gpus_per_node=4)  # the 2 x 2 mesh: four H100s on NVLink
-SCENARIOS = ((16, False), (24, True))  # (sequences per rank, whether the group is strided)
+SCENARIOS = ((24, False), (16, True))  # (sequences per rank, whether the group is strided)
 
 
 @lru_cache(maxsize=None)
-def budget_reference(per_rank: int):
-    """(each group's batch [s, 2·per_rank], each group's whole-batch gradients, the compute
-    time of one forward and backward of per_rank sequences, the activations the ledger
-    holds for one of MAX_SEQUENCES sequences) — all on one device."""
-    data = [batch(BUDGET_CFG, 2 * per_rank, 100 + g) for g in range(2)]
-    grads = [one_device(BUDGET_CFG, *d)[1] for d in data]
-    seen = {}
-    for what, n in (("compute", per_rank), ("activations", MAX_SEQUENCES)):
-        with mp.device() as ctx:
-            model = GPT(BUDGET_CFG)
-            ctx.ledger.reset_peak()
-            model.loss_and_grad(data[0][0][:, :n], data[0][1][:, :n])
-            seen[what] = (measure(ctx.trace.events, 1)[0].compute if what == "compute"
-                          else ctx.ledger.peak("activations"))
-    return data, grads, seen["compute"], seen["activations"]
+def shard(sequences: int, part: int):
+    """One device, one forward and backward of sequences part·n .. (part + 1)·n − 1 of
+    BATCH (n = sequences): (its gradients, its compute time, the activations it held)."""
+    with mp.device() as ctx:
+        model = GPT(BUDGET_CFG)
+        ctx.ledger.reset_peak()
+        model.loss_and_grad(*(a[:, part * sequences:(part + 1) * sequences] for a in BATCH))
+        return ({p.name: p.grad.copy() for p in model.parameters()},
+                measure(ctx.trace.events, 1)[0].compute, ctx.ledger.peak("activations"))
+
+
+BATCH = batch(BUDGET_CFG, 2 * max(s for s, _ in SCENARIOS), 100)  # [s, 48]: every group's
 
 
 def over_budget_why(events, forwards: list[float], t) -> str:
@@ -332,13 +359,15 @@ def over_budget_why(events, forwards: list[float], t) -> str:
 @given(scenario=st.sampled_from(SCENARIOS))
 def check_budgeted_step(impl, scenario):
     per_rank, strided = scenario
-    data, expected, compute, activations = budget_reference(per_rank)
+    (g0, compute, _), (g1, _, _) = shard(per_rank, 0), shard(per_rank, 1)
+    expected = {name: (g0[name] + g1[name]) / 2 for name in g0}  # the pair's batch (section 1)
+    activations = shard(MAX_SEQUENCES, 0)[2]
     shape, names, dim = mesh_of(2, 2, strided)
+    data = tuple(a[:, :2 * per_rank] for a in BATCH)  # both groups' batch: [s, 2·per_rank]
 
     def program(ctx, spmd):
-        g = which_group(spmd)
         model = GPT(BUDGET_CFG)
-        ids, targets = split_data_parallel(*data[g], spmd.rank, spmd.size)  # [s, per_rank]
+        ids, targets = split_data_parallel(*data, spmd.rank, spmd.size)  # [s, per_rank]
         forwards = []  # when each forward began on the clock
         model.hooks.register("forward_pre",
                              lambda u: forwards.append(ctx.clock.now) if u == "root" else None)
@@ -360,10 +389,12 @@ def check_budgeted_step(impl, scenario):
                                "rank kept the gradient of its own sequences: is every "
                                "backward inside no_sync()?")
         for p in model.parameters():
-            expect_close(p.grad, expected[g][p.name], rank=spmd.words, n=spmd.size,
+            expect_close(p.grad, expected[p.name], rank=spmd.words, n=spmd.size,
                          what=f"{p.name}.grad after {what}", ratios={"2": SUMMED, "n": SUMMED},
                          hint="every p.grad must hold the gradient of the group's whole "
-                              "batch: the mean loss over all its ranks' sequences")
+                              "batch: the mean loss over all its ranks' sequences, whatever "
+                              "the micro-batches (of different sizes, they weigh differently: "
+                              "section 5)")
         first = min(e.start for e in events if e.stream == "compute")
         t = measure(ctx.trace.events, ctx.world_size, start=first)[ctx.rank]
         expect_within((t.window - compute) / US, EXPOSED_BUDGET / US, unit="µs",

@@ -128,8 +128,8 @@ def budgeted_step(model, ids: np.ndarray, targets: np.ndarray, group: mp.Process
     engine = DistributedDataParallel(model, AdamW, process_group=group,
                                      bucket_cap_mb=cap / 2**20)
     b = ids.shape[1]
-    last = min(b, max_sequences)  # the largest micro-batch goes last: its backward hides
-    edges = [*range(0, b - last, max_sequences), b - last, b]  # the all-reduces
+    last = min(b, max_sequences)  # the last micro-batch as large as memory allows:
+    edges = [*range(0, b - last, max_sequences), b - last, b]  # its backward hides buckets
     micro = [(ids[:, a:e], targets[:, a:e]) for a, e in zip(edges, edges[1:])]  # [s, n_i]
     accumulate(model, micro, engine)
     # END SOLUTION
