@@ -25,6 +25,12 @@ LIBRARY = CORE + FORMS + ("minipar", "minipar.files", "minipar.plan", "minipar.v
                           "minipar.parallel", "minipar.parallel.mesh", "minipar.parallel.checkpoint")
 SIBLINGS = ("a parallel form never imports a sibling form: what crosses forms is answered "
             "in minipar.parallel.mesh and passed in")
+# Pipeline schedules are plain data: the planner times them at full scale and the drawings
+# draw them, so these modules of parallel/pp import nothing of minipar but each other (no
+# communication, no model). plan and viz import them by module, never the package
+# minipar.parallel.pp, which also holds the runner that communicates.
+PP_DATA = tuple(f"minipar.parallel.pp.{m}"
+                for m in ("actions", "schedules", "validate", "lowering", "dry_run"))
 
 # component -> (what it may import besides itself, the rule in words). A component is a
 # package or module and everything under it, except the INIT_ONLY ones: their __init__ alone.
@@ -35,9 +41,14 @@ RULES: dict[str, tuple[tuple[str, ...], str]] = {
                       "an optimizer sees Parameters (minipar.nn.parameter), never a model"),
     "minipar.data": (("minipar.runtime",), "data knows tokens and batches, nothing of models"),
     "minipar.files": (("minipar.runtime",), "the file format knows arrays and JSON only"),
-    "minipar.plan": (("minipar.runtime",), "the formulas take plain numbers, not a GPTConfig"),
-    "minipar.viz": (("minipar.runtime",), "drawings read runtime records only"),
+    "minipar.plan": (("minipar.runtime",) + PP_DATA,
+                     "the formulas take plain numbers and schedules, not a GPTConfig"),
+    "minipar.viz": (("minipar.runtime",) + PP_DATA,
+                    "drawings read runtime records and schedules only"),
     **{form: (CORE, SIBLINGS) for form in FORMS},
+    "minipar.parallel.pp": (CORE + PP_DATA, SIBLINGS),  # its runner executes its schedules
+    **{m: (PP_DATA, "a pipeline schedule is plain data: no communication, no model, so "
+                    "plan and viz may import it") for m in PP_DATA},
     "minipar.parallel.mesh": (CORE + FORMS, "the composition home may import every form"),
     "minipar.parallel.checkpoint": (CORE + FORMS + ("minipar.files",),
                                     "checkpoints meet the forms and the file format only"),
@@ -347,6 +358,23 @@ def test_what_each_rule_allows_and_forbids():
     assert "the course never imports programs or the command line" in errors[0]
     assert "programs may import all but the command line" in errors[6]
     assert "belongs to no component of RULES" in errors[-1]
+
+
+def test_plan_and_viz_read_schedules_that_import_nothing_else():
+    allowed = {"minipar.plan.pipeline": ["minipar.parallel.pp.schedules",
+                                         "minipar.parallel.pp.dry_run", "minipar.runtime"],
+               "minipar.viz.timeline": ["minipar.parallel.pp.actions"],
+               "minipar.parallel.pp.dry_run": ["minipar.parallel.pp.lowering"],
+               "minipar.parallel.pp.runner": ["minipar.parallel.pp.lowering", "minipar.nn"]}
+    assert layering_errors(allowed) == []
+    forbidden = {"minipar.plan.pipeline": ["minipar.parallel.pp"],   # the package: the runner
+                 "minipar.parallel.pp.schedules": ["minipar.runtime.p2p"],
+                 "minipar.parallel.pp.validate": ["minipar.parallel.pp.runner"],
+                 "minipar.viz.timeline": ["minipar.parallel.pp.runner"]}
+    errors = layering_errors(forbidden)
+    assert [e.split(" ")[0] for e in errors] == sorted(forbidden)
+    assert "a pipeline schedule is plain data: no communication" in errors[0]
+    assert "the formulas take plain numbers and schedules" in errors[2]
 
 
 def test_an_import_cycle_is_reported():

@@ -192,12 +192,13 @@ def test_grade_reports_rank_expected_received_and_the_smallest_case(tmp_path, ca
     wrong = tmp_path / "wrong.py"
     wrong.write_text(lesson.path("solution").read_text().replace(
         "def ring_all_reduce(", "def _right(") + "\n\ndef ring_all_reduce(x, group=None):\n"
-        "    import minipar as mp\n    return mp.all_reduce(x) + (mp.get_rank() == 1)\n")
+        "    import minipar as mp\n    return _right(x, group) + (mp.get_rank(group) == 1)\n")
     assert main(["grade", "01", "--impl", str(wrong)]) == 1
     out = capsys.readouterr().out
     assert "[FAIL] Exercise 1.3" in out
-    assert "rank 1: " in out and "expected [" in out and "but received [" in out
-    assert "smallest failing configuration: world_size=2" in out
+    assert "tp rank 1 of 2 = global rank 1 of 4, the first tp group [0, 1]: " in out
+    assert "expected [" in out and "but received [" in out
+    assert "smallest failing configuration: n=2, shape=(3,), strided=False" in out
     assert main(["grade", "01", "--impl", "solution"]) == 0
 
 

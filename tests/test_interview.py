@@ -108,7 +108,14 @@ EXPECTED = {
     "q04": dict(s=S_, b=B_, h=H_, a=A_, layers=42, vocab=50304,
                 none_gb=42 * SBH * (34 + ATT) / 1e9, sel_gb=42 * 34 * SBH / 1e9,
                 full_gb=42 * 2 * SBH / 1e9, layer_gb=SBH * (34 + ATT) / 1e9,
+                full_peak_gb=(41 * 2 * SBH + SBH * (34 + ATT)) / 1e9,
                 sel_flops_pct=100 * 42 * 2 * B_ * S_**2 * H_ / flops(B_, S_, 42, H_, 50304),
+                core_flops_pct=100 * 42 * 4 * B_ * S_**2 * H_ / flops(B_, S_, 42, H_, 50304),
+                paper_flops_pct=100 * (72 * B_ * S_ * 42 * H_**2 * (
+                    1 + S_ / (3 * H_) + 50304 / (12 * 42 * H_))
+                    / flops(B_, S_, 42, H_, 50304) - 1),
+                gpt3_pct=100 * (2048 / (6 * 12288)) / (
+                    1 + 2048 / (6 * 12288) + 51200 / (12 * 96 * 12288)),
                 full_flops_pct=100 * (96 * B_ * S_ * 42 * H_**2 * (
                     1 + S_ / (6 * H_) + 50304 / (16 * 42 * H_)) / flops(B_, S_, 42, H_, 50304)
                     - 1)),

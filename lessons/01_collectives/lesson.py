@@ -10,7 +10,7 @@
 # %% [markdown]
 # # Lesson 01 — Collectives
 #
-# What each collective computes; a ring all-reduce from send/recv as reduce-scatter then all-gather, step by step; its time, and algbw against busbw.
+# What each collective computes; a ring all-reduce from send/recv as reduce-scatter then all-gather, step by step; its time, algbw against busbw, and an all-reduce across two nodes within a budget.
 #
 # Every form of parallelism in this course is a pattern of a few collective operations.
 # Data-parallel training (lesson 02) all-reduces the gradients: in the kitchen picture,
@@ -309,22 +309,62 @@ for e in res.contexts[0].trace.of("p2p"):
 # %% [markdown]
 # **Bytes.** Each rank sends 2(n - 1) messages of S/n bytes (S = x.nbytes): 2(n-1)/n · S
 # in total. That grows from S at n = 2 towards 2S, and never beyond: adding ranks adds
-# steps, not bytes per rank. Patarasuk and Yuan (2009) showed that no all-reduce can do
-# with less per rank, so the ring is bandwidth-optimal. Measured from the trace (the
-# `sent_bytes` of every send), for 840 float64 numbers (S = 6,720 bytes, divisible by
-# every n here):
+# steps, not bytes per rank. Patarasuk and Yuan (2009) showed that no all-reduce whose
+# additions are done by the ranks themselves can do with less per rank, so among these
+# *host-driven* algorithms — all of minipar's, and NCCL's ring and tree — the ring is
+# bandwidth-optimal.
+#
+# The bound assumes that the network only carries bytes. NVLink SHARP (NVLS, in the
+# NVSwitches of H100 systems; NCCL's `NVLS` algorithm) and InfiniBand SHARP (NCCL's
+# `CollNet`) reduce *inside the switch*: each GPU sends its buffer to the switch once, the
+# switch adds the n buffers and sends the sum back to every GPU. Each GPU then sends S,
+# 1× its buffer, whatever n. The last two columns play that switch with one more
+# simulated rank, which receives the n buffers, adds them and sends the sum back (only
+# its bytes mean something: it has one link where a switch has a port per GPU). Measured
+# from the trace (the `sent_bytes` of every send), for 840 float64 numbers (S = 6,720
+# bytes, divisible by every n here):
 
 # %%
 S_small = 840 * 8
-print(f"{'n':>3}{'bytes sent per rank':>21}{'2(n-1)/n * S':>14}{'/ S':>7}")
+
+
+def through_a_switch(ctx):
+    switch = ctx.world_size - 1  # the last rank plays the switch; ranks 0..n-1 are GPUs
+    if ctx.rank == switch:
+        total = sum(mp.recv(src=r) for r in range(switch))  # the switch adds the n buffers
+        for work in [mp.isend(total, dst=r) for r in range(switch)]:
+            work.wait()
+        return None
+    work = mp.isend(np.ones(840), dst=switch)  # each GPU sends its buffer once ...
+    total = mp.recv(src=switch)  # ... and receives the sum once
+    work.wait()
+    return total
+
+
+print(f"{'n':>3}{'ring: bytes sent':>18}{'2(n-1)/n * S':>14}{'/ S':>7}"
+      f"{'switch: bytes sent':>20}{'/ S':>7}")
+ring_sent, switch_sent = {}, {}  # n -> the bytes each GPU sent
 for n_ranks in range(2, 9):
     res = mp.launch(lambda ctx: ring_all_reduce(np.ones(840)), n_ranks)
     per_rank = {ctx.trace.bytes_sent() for ctx in res.contexts}  # the same on every rank
-    sent = per_rank.pop()
-    print(f"{n_ranks:>3}{sent:>21,.0f}{2 * (n_ranks - 1) / n_ranks * S_small:>14,.0f}"
-          f"{sent / S_small:>7.3f}" + ("" if not per_rank else "  (ranks differ)"))
+    res = mp.launch(through_a_switch, n_ranks + 1)
+    per_gpu = {ctx.trace.bytes_sent() for ctx in res.contexts[:n_ranks]}
+    ring_sent[n_ranks], switch_sent[n_ranks] = per_rank.pop(), per_gpu.pop()
+    print(f"{n_ranks:>3}{ring_sent[n_ranks]:>18,.0f}"
+          f"{2 * (n_ranks - 1) / n_ranks * S_small:>14,.0f}{ring_sent[n_ranks] / S_small:>7.3f}"
+          f"{switch_sent[n_ranks]:>20,.0f}{switch_sent[n_ranks] / S_small:>7.3f}"
+          + ("" if not per_rank and not per_gpu else "  (ranks differ)"))
+print(f"n = 8: {ring_sent[8]:,.0f} bytes per GPU around the ring, {switch_sent[8]:,.0f} "
+      f"through the switch ({ring_sent[8] / S_small:.2f}x and {switch_sent[8] / S_small:.2f}x "
+      "the buffer)")
 
 # %% [markdown]
+# So "no all-reduce can do with less" holds for host-driven all-reduces only. With the
+# additions in the switch, each GPU's link carries S out and S in, where the ring needs
+# 2(n-1)/n · S each way: close to half as much at large n. What NVLS and SHARP buy in
+# practice depends on the switch, the message size and the library version, so measure
+# busbw (section 5) on your cluster rather than assume the factor.
+#
 # Compare the obvious alternatives: every rank sending its whole x to every other rank
 # sends (n - 1) · S per rank; gathering everything on one rank and broadcasting the sum
 # puts (n - 1) · S through that rank's link twice.
@@ -528,14 +568,65 @@ for size in (2**10, 2**16, 2**20, 2**24, 2**28, 2**32):
 # small sizes is latency, and only fewer, larger messages help — which is what gradient
 # bucketing in DDP (lesson 02) is for.
 #
+# ## 6. A budget: one gradient bucket across two nodes
+#
+# Exercise 1.5 is a design task: you choose how, the simulated cluster judges. The
+# cluster has two nodes of four H100s: NVLink 4 inside a node, one InfiniBand NDR NIC per
+# GPU between nodes, and ranks placed as launchers place them (rank r on node
+# r // gpus_per_node). Its collectives library is set to run every collective as one flat
+# ring over its group, as NCCL does with `NCCL_ALGO=Ring` (the grader launches with
+# `mp.launch(..., algorithm="ring")`). Each of the 8 GPUs holds a gradient bucket of 2^20
+# float32 numbers, 4 MiB, and each must end with the sum of all eight.
+#
+# **The budget: 55 us on the simulated clock**, from the call until the last rank has its
+# result and every one of its streams is idle. The direct way, one `mp.all_reduce` over
+# the world, is one ring of 8 that crosses InfiniBand:
+
+# %%
+two_nodes = mp.Topology.nodes(2, gpus_per_node=4)
+BUCKET = 2**20  # float32 numbers: 4 MiB
+BUDGET = 55e-6  # seconds: the budget of Exercise 1.5
+
+
+def flat_ring(ctx):
+    grad = np.ones(BUCKET, np.float32)  # grad: [2^20] float32, 4 MiB
+    t0 = ctx.clock.now
+    mp.all_reduce(grad)  # one ring over all 8 ranks (algorithm="ring")
+    return ctx.clock.elapsed() - t0
+
+
+t_flat = max(mp.launch(flat_ring, 8, topology=two_nodes, algorithm="ring"))
+print(f"one ring of 8 over {two_nodes.describe()}:\n  {us(t_flat)}, "
+      f"{t_flat / BUDGET:.1f}x the budget of {us(BUDGET)}")
+print(f"moving the whole bucket once over {ib.name}: {us(ib.time(BUCKET * 4))}; "
+      f"over {nvlink.name}: {us(nvlink.time(BUCKET * 4))}")
+
+# %% [markdown]
+# The second line is the puzzle's key: sending the whole bucket across InfiniBand even
+# once takes longer than the budget, while NVLink moves it almost nine times faster.
+# Which bytes must cross between the nodes, and how few can each GPU's NIC carry?
+#
+# You are free in how: groups you make with `mp.new_group(global_ranks)`, any of
+# minipar's collectives on them, in any order and on any part of the bucket, your own
+# rings from Exercises 1.1–1.3, or several collectives in flight at once
+# (`async_op=True`: each group has its own comm stream, so collectives of different
+# groups overlap on the clock). The grader checks, on every rank: the values, exactly,
+# on the 2 × 4 cluster and on others (one to three nodes of one to four GPUs, and
+# buckets of any length, also lengths the number of GPUs per node does not divide); that
+# your function leaves its input as it was; and the clock, within 55 us on the 2 × 4
+# cluster with the 4 MiB bucket.
+#
 # ## Exercises
 #
 # Open `exercise.py` in this directory, replace each `raise NotImplementedError(...)` with
 # your answer, and run `minipar grade 01`. The grader runs your functions on simulated
-# devices (1 to 5 ranks, and groups of the even or the odd ranks of a larger world) and
-# compares them with minipar's collectives, with rendezvous sends (section 2). Build the
-# rings from `mp.isend`, `mp.recv` and `mp.irecv` only; `ring_neighbours(group)` in the
-# file gives your position, the group's size and the global ranks of your two neighbours.
+# devices as a cluster would: on a 2-D mesh, with the group of 1 to 5 ranks passed to you
+# explicitly — consecutive ranks such as [2, 3] or strided ones such as [1, 3, 5] — so
+# that code which ignores the group, or takes a position in the group for a global rank,
+# fails. Sends are rendezvous (section 2), your inputs are copies it compares afterwards
+# (do not write into them), and it records which collectives you called. Build the rings
+# from `mp.isend`, `mp.recv` and `mp.irecv` only; `ring_neighbours(group)` in the file
+# gives your position, the group's size and the global ranks of your two neighbours.
 #
 # - **Exercise 1.1** — `ring_reduce_scatter(x, group=None)`: rank r's chunk r of the sum,
 #   chunks as `np.array_split(x.reshape(-1), n)`, in n - 1 ring steps; each rank sends
@@ -545,7 +636,10 @@ for size in (2**10, 2**16, 2**20, 2**24, 2**28, 2**32):
 # - **Exercise 1.3** — `ring_all_reduce(x, group=None)`: the sum over ranks, x's shape,
 #   as Exercise 1.1 followed by Exercise 1.2; each rank sends 2(n-1)/n · x.nbytes bytes.
 # - **Exercise 1.4** — `bus_bandwidth(kind, nbytes, seconds, n)`: busbw from algbw for
-#   "all_reduce", "all_gather" and "reduce_scatter", as nccl-tests defines it.
+#   "all_reduce", "all_gather" and "reduce_scatter", as nccl-tests defines it (section 5).
+# - **Exercise 1.5** — `all_reduce_across_nodes(grad, topology)`: the sum of every rank's
+#   bucket on every rank of a cluster of nodes, within 55 us on the 2 × 4 cluster of
+#   section 6: your design, judged by the simulated clock.
 #
 # ## Summary
 #
@@ -554,9 +648,10 @@ for size in (2**10, 2**16, 2**20, 2**24, 2**28, 2**32):
 #   all-gather concatenates, broadcast copies one rank's block.
 # - all_reduce = all_gather(reduce_scatter(x)). The ring runs exactly that: n - 1 steps
 #   that add, n - 1 that copy, each moving one chunk of S/n per rank.
-# - A ring all-reduce sends 2(n-1)/n · S bytes per rank, the least any all-reduce can,
-#   and takes 2(n-1)·a + 2(n-1)/n · S/B: latency-bound for small S, bandwidth-bound for
-#   large S, and as slow as its slowest link and its latest rank.
+# - A ring all-reduce sends 2(n-1)/n · S bytes per rank, the least any host-driven
+#   all-reduce can (a switch that adds, NVLS or SHARP, needs only S per GPU), and takes
+#   2(n-1)·a + 2(n-1)/n · S/B: latency-bound for small S, bandwidth-bound for large S,
+#   and as slow as its slowest link and its latest rank.
 # - NCCL's send is rendezvous (it returns once the receiver has posted its recv), and so
 #   is minipar's: a ring where every rank sends before it receives hangs. Post both sides
 #   at once (isend, recv, wait) or alternate by parity.
@@ -564,3 +659,6 @@ for size in (2**10, 2**16, 2**20, 2**24, 2**28, 2**32):
 #   GB/s) — keep the chattiest collectives inside a node.
 # - algbw = S/t depends on n; busbw = algbw · 2(n-1)/n (all-reduce) or (n-1)/n
 #   (all-gather, reduce-scatter) does not, and compares with the link's bandwidth.
+# - Across nodes, what each GPU's NIC must carry sets the time: a flat ring of 8 over two
+#   nodes takes 3.9x the 55 us budget of Exercise 1.5, which the clock, not a formula,
+#   grades.

@@ -357,14 +357,26 @@ def q03(s, b, h, a, layers):
             "total_gb": full * layers / GB, "attn_share": (full - selective) / full}
 
 
+def korthikanti_selective_pct(B, s, l, h, V):
+    """Korthikanti et al.'s count of selective recomputation: the step's attention term
+    72Bslh^2 s/(6h) = 12Bs^2hl once more, over the model FLOPs, in %."""
+    return 100 * 72 * B * s * l * h**2 * (s / (6 * h)) / model_flops(B, s, l, h, V)
+
+
 def q04(s, b, h, a, layers, vocab):
-    """Activations kept with selective (34sbh) and full (2sbh) recomputation; extra FLOPs."""
+    """Activations kept with selective (34sbh) and full (2sbh) recomputation; the extra
+    FLOPs of selective recomputation in three conventions, and of full recomputation."""
     per = {r: activation_bytes_per_layer(s, b, h, a, recompute=r)
            for r in ("none", "selective", "full")}
     f = model_flops(b, s, layers, h, vocab)
+    qk = selective_recompute_extra_flops(b, s, layers, h)  # one Q K^T a layer, 2Bs^2h
     return {"none_gb": per["none"] * layers / GB, "sel_gb": per["selective"] * layers / GB,
             "full_gb": per["full"] * layers / GB, "layer_gb": per["none"] / GB,
-            "sel_flops_pct": 100 * selective_recompute_extra_flops(b, s, layers, h) / f,
+            "full_peak_gb": ((layers - 1) * per["full"] + per["none"]) / GB,
+            "sel_flops_pct": 100 * qk / f,
+            "core_flops_pct": 100 * 2 * qk / f,  # Q K^T and P V: 4Bs^2h a layer
+            "paper_flops_pct": korthikanti_selective_pct(b, s, layers, h, vocab),
+            "gpt3_pct": korthikanti_selective_pct(1, 2048, 96, 12288, 51200),
             "full_flops_pct": 100 * (model_flops_full_recompute(b, s, layers, h, vocab) / f - 1)}
 
 
@@ -778,12 +790,18 @@ QUESTIONS: list[Question] = [
         "cost in FLOPs?",
         "Without recomputation the layers keep {none_gb:.1f} GB. Selective recomputation drops "
         "only the attention core's s x s tensors and rebuilds them in the backward from the "
-        "saved Q and K: 34sbh per layer, {sel_gb:.1f} GB, for {sel_flops_pct:.2f}% more FLOPs "
-        "(one extra QK^T per layer). Full recomputation keeps only each layer's input, 2sbh: "
-        "{full_gb:.2f} GB, plus one layer's {layer_gb:.2f} GB while that layer is recomputed, "
-        "and runs every layer's forward twice: {full_flops_pct:.1f}% more FLOPs. Selective is "
-        "the better trade when the s-squared term dominates; full is for when even 34sbh per "
-        "layer does not fit.",
+        "saved Q and K: 34sbh per layer, {sel_gb:.1f} GB. Its FLOPs depend on what is counted "
+        "as rerun. This answer counts one QK^T per layer, 2Bs^2h, what minipar's selective "
+        "mode reruns (the softmax and its dropout need nothing more, and P V's inputs are "
+        "kept): {sel_flops_pct:.2f}% more FLOPs. Megatron-LM checkpoints the whole core "
+        "attention, so it reruns P V too, 4Bs^2h: {core_flops_pct:.2f}%. Korthikanti et al.'s "
+        "formula adds the step's whole attention term once more, s/(3h) in place of s/(6h): "
+        "{paper_flops_pct:.2f}% (the convention behind the paper's {gpt3_pct:.1f}% for GPT-3 "
+        "175B). Full recomputation keeps only each layer's input, 2sbh: {full_gb:.2f} GB, "
+        "plus one layer's {layer_gb:.2f} GB while that layer is recomputed (a peak of "
+        "{full_peak_gb:.2f} GB), and runs every layer's forward twice: {full_flops_pct:.1f}% "
+        "more FLOPs. Selective is the better trade when the s-squared term dominates; full is "
+        "for when even 34sbh per layer does not fit.",
         q04),
     Question(
         "q05", "00", dict(psi_b=7.5, n=64),

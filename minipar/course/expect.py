@@ -61,7 +61,9 @@ def describe_ratio(received: Any, expected: Any, n: Optional[int] = None,
                    prefer: Iterable[str] = ()) -> Optional[tuple[str, str]]:
     """(key, words) naming a constant ratio received / expected: ("2", "received = 2×
     expected everywhere"), ("1/n", "... 1/n (n = 4) ..."); None when there is no constant
-    ratio. A ratio no name fits is still given as a number ("0.75×"). Where two names fit
+    ratio. A ratio no name fits is still given as a number ("0.75×"), for a single
+    quantity (a 0-d result: bytes, seconds) or when at least three nonzero elements of an
+    array agree on it (one or two elements fit any ratio). Where two names fit
     (2 and n at n = 2) the first in `prefer` wins, then the order above."""
     c = constant_ratio(received, expected)
     if c is None:
@@ -73,6 +75,9 @@ def describe_ratio(received: Any, expected: Any, n: Optional[int] = None,
         if np.isclose(c, value(n), rtol=1e-9, atol=0):
             spelled = _SPELLING[key] + (f" (n = {n})" if key in _NEEDS_N else "")
             return key, f"received = {spelled} expected everywhere"
+    e = np.asarray(expected)
+    if e.ndim and np.count_nonzero(e) < 3:  # one or two elements of an array fit any c
+        return None
     return f"{c:.6g}", f"received = {c:.6g}× expected everywhere"
 
 

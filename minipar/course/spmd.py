@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 from hypothesis import strategies as st
 
-from ..runtime.errors import MiniparError, RankFailedError
+from ..runtime.errors import MiniparError, RankFailedError, WorldAborted
 from ..runtime.group import ProcessGroup
 from ..runtime.launch import launch
 from ..runtime.mesh import DeviceMesh
@@ -93,20 +93,23 @@ def on_ranks(program: Callable, world_size: int, **launch_kw):
 def on_mesh(program: Callable, shape: Sequence[int], names: Sequence[str], dim: str,
             **launch_kw) -> list:
     """program(ctx, spmd) on every rank of DeviceMesh(shape, names), spmd.group being the
-    rank's group along `dim`; returns the per-rank results. A GradeFailure is caught on its
-    rank (the others finish, or deadlock waiting for it); the lowest failing global rank's
-    failure is raised, noting where it was in the rank vocabulary."""
+    rank's group along `dim`; returns the per-rank results. An exception (a failed check,
+    a crash, NotImplementedError) is caught on its rank, and the others finish or deadlock
+    waiting for it; then the lowest failing global rank's exception is raised, noting
+    where it was in the rank vocabulary: the same report whichever thread failed first."""
     mesh = DeviceMesh(shape, names)
     if dim not in mesh.mesh_dim_names:
         raise ValueError(f"on_mesh: dim {dim!r} is not one of the mesh's {mesh.mesh_dim_names}")
-    failures: dict[int, GradeFailure] = {}
+    failures: dict[int, BaseException] = {}
     lock = threading.Lock()
 
     def run(ctx):
         spmd = Spmd(mesh, dim, ctx.rank, mesh.get_group(dim, ctx.rank))
         try:
             return program(ctx, spmd)
-        except GradeFailure as failure:
+        except WorldAborted:  # stopped because another rank failed or all deadlocked
+            raise
+        except Exception as failure:  # a failed check, a crash, a todo: decided below
             with lock:
                 failures[ctx.rank] = failure
             return None
@@ -114,13 +117,12 @@ def on_mesh(program: Callable, shape: Sequence[int], names: Sequence[str], dim: 
     def raise_lowest():
         rank = min(failures)
         failure = failures[rank]
-        failure.add_note(f"(raised on {rank_words(mesh, dim, rank)})")
+        if not isinstance(failure, NotImplementedError):
+            failure.add_note(f"(raised on {rank_words(mesh, dim, rank)})")
         raise failure.with_traceback(failure.__traceback__) from None
 
     try:
         results = on_ranks(run, mesh.size, **launch_kw)
-    except NotImplementedError:
-        raise
     except (MiniparError, AssertionError):
         if failures:  # a rank that failed its check left the others waiting for it
             raise_lowest()
@@ -169,7 +171,8 @@ def calls(ctx, fn: Callable, *args, names: Optional[Sequence[str]] = None,
           rank: Any = None, **kwargs) -> Call:
     """Call fn(*args, **kwargs) on copies of its array inputs and record what it ran; raise
     GradeFailure if it wrote into one of them (names: the parameters' names, for the
-    message; rank: how to name this rank, default ctx.rank)."""
+    message; rank: how to name this rank, an int or words such as spmd.words; default
+    ctx.rank)."""
     names = list(names or [])
     names += [f"argument {i + 1}" for i in range(len(names), len(args))]
     given = list(args) + list(kwargs.values())
@@ -183,7 +186,8 @@ def calls(ctx, fn: Callable, *args, names: Optional[Sequence[str]] = None,
         for (path, old), (_, new) in zip(_arrays(b, label), _arrays(p, label)):
             change = _mutation(path, old, new)
             if change:
-                who = f"rank {ctx.rank if rank is None else rank}"
+                who = (f"rank {ctx.rank if rank is None else rank}"
+                       if rank is None or isinstance(rank, int) else str(rank))
                 raise GradeFailure(
                     f"{who}: {getattr(fn, '__name__', 'your function')} wrote into its input "
                     f"`{path}`: {change}. The caller still needs its input: compute into a "

@@ -2,6 +2,8 @@
 
     dp/          data parallelism: DDP, ZeRO-1/2/3, FSDP          (docs/data_parallel.md)
     tp/          Megatron tensor and sequence parallelism          (docs/tensor_parallel.md)
+    pp/          pipeline schedules as data, lowering, validator, dry run
+                                                                  (docs/pipeline_parallel.md)
     mesh/        the composition home: ParallelDims, ParallelGroups, parallelize
     checkpoint/  checkpoints that know their layout, loaded into any other
 
@@ -15,7 +17,9 @@ from .dp import *  # noqa: F401,F403
 from .dp import __all__ as _dp_all
 from .tp import *  # noqa: F401,F403
 from .tp import __all__ as _tp_all
+from .pp import *  # noqa: F401,F403
+from .pp import __all__ as _pp_all
 from .mesh import *  # noqa: F401,F403
 from .mesh import __all__ as _mesh_all
 
-__all__ = list(_dp_all) + list(_tp_all) + list(_mesh_all)
+__all__ = list(_dp_all) + list(_tp_all) + list(_pp_all) + list(_mesh_all)

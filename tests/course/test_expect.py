@@ -90,3 +90,10 @@ def test_expect_equal_and_within():
     assert text == ("peak memory is 41.2 GiB, over its budget of 40 GiB by 1.2 GiB (3 %). "
                     "shard more")
     assert "over its budget" in failure(expect_within, float("nan"), 1.0, what="time")
+
+
+def test_one_or_two_elements_get_only_named_ratios_a_single_quantity_any():
+    assert describe_ratio([0.401], [1.0]) is None
+    assert describe_ratio([0.8, 1.6], [2.0, 4.0]) is None
+    assert describe_ratio([2.0], [1.0])[1] == "received = 2× expected everywhere"
+    assert describe_ratio(48.0, 32.0)[1] == "received = 1.5× expected everywhere"

@@ -9,7 +9,7 @@ import minipar as mp
 from minipar.course.expect import GradeFailure, expect_close
 from minipar.course.spmd import (calls, forbid_collectives, mesh_of, on_mesh, rank_words,
                                  world_sizes)
-from minipar.runtime.errors import RankFailedError
+from minipar.runtime.errors import DeadlockError, RankFailedError
 from minipar.runtime.mesh import DeviceMesh
 
 
@@ -111,3 +111,49 @@ def test_world_sizes_shrink_toward_the_informative_size():
     assert find(world_sizes(1, 5), lambda n: True) == 2
     with pytest.raises(ValueError):
         world_sizes(3, 5, first=2)
+
+
+def test_a_crash_on_one_rank_and_a_failed_check_on_another_report_the_lowest_rank():
+    def program(ctx, spmd):
+        if ctx.rank == 3:
+            raise ZeroDivisionError("rank 3 crashed")
+        if ctx.rank == 1:
+            raise GradeFailure("rank 1 is wrong")
+        mp.barrier()
+
+    for _ in range(5):  # whichever thread fails first, the report is rank 1's
+        with pytest.raises(GradeFailure, match="rank 1 is wrong"):
+            on_mesh(program, (2, 2), ("dp", "tp"), "dp")
+
+    def crash_only(ctx, spmd):
+        if ctx.rank == 2:
+            raise ZeroDivisionError("rank 2 crashed")
+        mp.barrier()
+
+    with pytest.raises(ZeroDivisionError) as e:
+        on_mesh(crash_only, (2, 2), ("dp", "tp"), "dp")
+    assert e.value.__notes__[-1] == ("(raised on dp rank 1 of 2 = global rank 2 of 4, the "
+                                     "first dp group [0, 2])")
+
+
+def test_a_real_deadlock_is_reported_as_the_deadlock():
+    def ring_of_sends(ctx, spmd):
+        n, r = spmd.size, spmd.rank
+        mp.send(np.ones(1), spmd.group.ranks[(r + 1) % n])
+        mp.recv(spmd.group.ranks[(r - 1) % n])
+
+    with pytest.raises(DeadlockError, match="alternate by parity"):
+        on_mesh(ring_of_sends, (1, 3), ("dp", "tp"), "tp")
+
+
+def test_calls_names_a_rank_in_words():
+    def in_place(x):
+        x[0] = 9.0
+        return x
+
+    def program(ctx, spmd):
+        calls(ctx, in_place, np.zeros(2), names=["x"], rank=spmd.words)
+
+    with pytest.raises(GradeFailure, match=r"^tp rank 0 of 2 = global rank 0 of 4, the first "
+                                           r"tp group \[0, 1\]: in_place wrote into its input"):
+        on_mesh(program, (2, 2), ("dp", "tp"), "tp")

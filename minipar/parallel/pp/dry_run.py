@@ -1,0 +1,253 @@
+"""The dry run: lowered action lists executed on a clock, with no arithmetic on tensors.
+
+Each rank runs its list in order on two streams, as the runtime's clock does (p2p.py):
+
+    F, B, I, W   compute:  start = now,  now += duration[kind][stage]
+    SEND         isend:    start = max(now, p2p),  arrives = start + p2p_cost,  p2p = arrives
+    RECV         wait:     now = max(now, arrival of the matching SEND)
+    end of list  the rank waits for its sends:  finish = max(now, p2p)
+
+so compute actions are serial on a rank and a receive waits for its send. Durations may
+be numbers or Fractions (then every result is exact). From the clock:
+
+    makespan   = max over ranks of finish                     the step's time
+    busy_r     = sum of rank r's compute durations            ideal: the step with no bubble
+    idle_r     = makespan - busy_r                            the bubble on rank r
+    bubble_over_ideal = sum idle / sum busy    = (p - 1)/m        with equal stages, no p2p
+    bubble_over_total = sum idle / (p·makespan) = (p - 1)/(m + p - 1)
+The first is the papers' "bubble fraction" (GPipe, Megatron-LM: bubble time over ideal
+time); the second is the share of the step a rank stands idle, so a pipelined step reaches
+at most (1 - bubble_over_total) of the utilisation its stages reach alone.
+
+In flight: the micro-batches whose activations a rank holds, +1 at sF i, -1 at sB i (at sW
+i when the backward is split: W still reads the saved inputs). peak_in_flight counts
+(stage, micro-batch) pairs; peak_activations divides by the rank's stage count, in units
+of one micro-batch through all of the rank's layers (v chunks each hold 1/v of them).
+
+Before any clock runs, the lists are checked: the compute rules (validate_schedule), every
+RECV matched by one SEND of the same message and the reverse, every cross-rank input
+received before it is used, and no deadlock: a rank may pass a RECV only once the SEND has
+been reached; if every unfinished rank waits, ScheduleDeadlockError names who waits on what.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from numbers import Real
+from typing import Callable, Mapping, NamedTuple, Sequence, Union
+
+from .actions import (B, F, I, RECV_B, RECV_F, SEND_B, SEND_F, W, Action, Schedule,
+                      ScheduleError)
+from .lowering import Message, message
+from .validate import ScheduleDeadlockError, ScheduleInfo, validate_schedule
+
+Durations = Mapping[str, Union[Real, Sequence[Real]]]  # "F" -> seconds, or one per stage
+
+
+class Span(NamedTuple):
+    """One action's simulated interval on its rank (a SEND's is on the p2p stream)."""
+
+    action: Action
+    start: Real
+    end: Real
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What the clock says of one pass of the lists (every field per rank is rank-ordered)."""
+
+    makespan: Real
+    busy: tuple            # per rank: seconds of compute
+    idle: tuple            # per rank: makespan - busy
+    finish: tuple          # per rank: when its last action (or send) ends
+    bubble_over_ideal: Real  # sum idle / sum busy: (p - 1)/m for GPipe and 1F1B
+    bubble_over_total: Real  # sum idle / (p · makespan): (p - 1)/(m + p - 1)
+    peak_in_flight: tuple    # per rank: most (stage, micro-batch) pairs held at once
+    peak_activations: tuple  # per rank: peak_in_flight / stages on the rank (Fraction)
+    timeline: tuple          # per rank: tuple of Span, in list order
+    info: ScheduleInfo
+
+
+def _ratio(a: Real, b: Real) -> Real:
+    if b == 0:
+        return 0 * a
+    return Fraction(a, b) if isinstance(a, int) and isinstance(b, int) else a / b
+
+
+def _table(durations: Durations, kinds: set, S: int) -> dict:
+    """kind -> per-stage durations, checked."""
+    if not isinstance(durations, Mapping):
+        raise ScheduleError(f"durations is a mapping like {{'F': 1.0, 'B': 2.0}}, got "
+                            f"{durations!r}")
+    table = {}
+    for kind in sorted(kinds, key=lambda k: k.value):
+        value = durations.get(kind.value, durations.get(kind))
+        if value is None:
+            raise ScheduleError(f"durations has no {kind.value!r} but the schedule runs "
+                                f"{kind.value} actions: give seconds, or one per stage")
+        per_stage = list(value) if isinstance(value, (list, tuple)) else [value] * S
+        if len(per_stage) != S:
+            raise ScheduleError(f"durations[{kind.value!r}] has {len(per_stage)} values; "
+                                f"the schedule has {S} stages: give one per stage or one number")
+        for t in per_stage:
+            if not isinstance(t, Real) or isinstance(t, bool) or t < 0:
+                raise ScheduleError(f"durations[{kind.value!r}] holds {t!r}: a duration is "
+                                    f"a number of seconds >= 0")
+        table[kind] = per_stage
+    return table
+
+
+def _messages(lowered: Schedule, info: ScheduleInfo) -> tuple[dict, list]:
+    """(Message -> ((send rank, position), (recv rank, position)), per rank the Message of
+    each action or None), every rule checked: a SEND follows the action that made its
+    tensor, a RECV comes before the action that uses it, one of each per message, each on
+    its stage's rank, never within one rank."""
+    where, found, table = info.placement, {}, []
+    for r, row in enumerate(lowered):
+        seen: set[Action] = set()  # what this rank has run so far
+        table.append([None] * len(row))
+        for pos, a in enumerate(row):
+            if a.is_communication:
+                table[r][pos] = _check_end(a, r, pos, where, seen, found, info.split_backward)
+            elif a.kind == F and a.stage > 0 and where[a.stage - 1] != r:
+                _need(seen, Action(a.stage, RECV_F, a.microbatch), a, r, pos)
+            elif a.kind in (B, I) and a.stage + 1 < info.stages and where[a.stage + 1] != r:
+                _need(seen, Action(a.stage, RECV_B, a.microbatch), a, r, pos)
+            seen.add(a)
+    for msg, (send, recv) in found.items():
+        if send is None:
+            raise ScheduleError(f"rank {recv[0]}: {msg.recv} waits for {msg.send}, which "
+                                f"rank {msg.src} never runs")
+    # a RECV missing for a SEND was refused above: its consumer found no RECV before it
+    return {m: tuple(v) for m, v in found.items()}, table
+
+
+def _check_end(a: Action, r: int, pos: int, where: dict, seen: set, found: dict,
+               split: bool) -> Message:
+    """One SEND or RECV: on its stage's rank, a peer on another rank, once, after its source."""
+    if where[a.stage] != r:
+        raise ScheduleError(f"rank {r}: {a} acts for stage {a.stage}, which lives on rank "
+                            f"{where[a.stage]}")
+    msg = message(a, where)
+    if msg.src == msg.dst:
+        raise ScheduleError(f"rank {r}: {a} would send between stages {msg.src_stage} and "
+                            f"{msg.dst_stage}, both on rank {r}: they share the tensor in "
+                            f"memory, with no message")
+    side = 0 if a.kind in (SEND_F, SEND_B) else 1
+    ends = found.setdefault(msg, [None, None])
+    if ends[side] is not None:
+        raise ScheduleError(f"rank {r}: {a} appears twice (positions {ends[side][1]} and "
+                            f"{pos}): one message each")
+    ends[side] = (r, pos)
+    if side == 0:
+        source = Action(a.stage, F if a.kind == SEND_F else I if split else B, a.microbatch)
+        if source not in seen:
+            raise ScheduleError(f"rank {r}: {a} (position {pos}) sends what {source} makes, "
+                                f"but {source} has not run before it on rank {r}")
+    return msg
+
+
+def _need(seen: set, recv: Action, a: Action, r: int, pos: int) -> None:
+    if recv not in seen:
+        raise ScheduleError(f"rank {r}: {a} (position {pos}) uses stage "
+                            f"{recv.stage - 1 if recv.kind == RECV_F else recv.stage + 1}'s "
+                            f"tensor from another rank, but no {recv} comes before it; "
+                            f"lower the compute schedule with lower(actions)")
+
+
+def check_deadlock(lowered: Schedule, info: ScheduleInfo) -> list[list]:
+    """Run the lists on messages alone: ScheduleDeadlockError if every unfinished rank waits.
+    Returns, per rank, each action's Message (None for a compute action)."""
+    ends, msgs = _messages(lowered, info)
+    at, sent = [0] * len(lowered), set()
+    progress = True
+    while progress:
+        progress = False
+        for r, row in enumerate(lowered):
+            mine, k = msgs[r], at[r]
+            while k < len(row):
+                msg, kind = mine[k], row[k].kind
+                if kind is RECV_F or kind is RECV_B:
+                    if msg not in sent:
+                        break
+                elif msg is not None:
+                    sent.add(msg)
+                k += 1
+            progress |= k > at[r]
+            at[r] = k
+    stuck = [r for r, row in enumerate(lowered) if at[r] < len(row)]
+    if stuck:
+        lines = []
+        for r in stuck:
+            a, msg = lowered[r][at[r]], msgs[r][at[r]]
+            q, pos = ends[msg][0]
+            lines.append(f"rank {r} waits at {a} (position {at[r]}) for {msg.send}, which "
+                         f"rank {q} runs at position {pos} but is itself waiting at "
+                         f"{lowered[q][at[q]]} (position {at[q]})")
+        raise ScheduleDeadlockError("these lists deadlock, every unfinished rank waits on "
+                                    "a receive:\n  " + "\n  ".join(lines))
+    return msgs
+
+
+def dry_run(lowered: Schedule, durations: Durations,
+            p2p: Union[Real, Callable[[Message], Real]] = 0) -> DryRun:
+    """Time lowered lists (lower(schedule(...))): durations per kind ("F", "B", "I", "W")
+    as seconds or one per stage; p2p: seconds per message, or a function of the Message
+    (its src and dst ranks name the link, its kind activations or gradients)."""
+    info = validate_schedule(lowered)
+    msgs = check_deadlock(lowered, info)
+    table = _table(durations, {a.kind for row in lowered for a in row if a.is_compute},
+                   info.stages)
+    cost = p2p if callable(p2p) else (lambda a: p2p)
+    if not callable(p2p) and (not isinstance(p2p, Real) or isinstance(p2p, bool) or p2p < 0):
+        raise ScheduleError(f"p2p is the seconds one message takes (a number >= 0, or a "
+                            f"function of the Message), got {p2p!r}")
+    P = len(lowered)
+    now, stream, busy, at = [0] * P, [0] * P, [0] * P, [0] * P
+    spans: list[list[Span]] = [[] for _ in range(P)]
+    arrival: dict[Message, Real] = {}
+    while any(at[r] < len(lowered[r]) for r in range(P)):
+        for r, row in enumerate(lowered):  # deadlock-free: some rank always moves on
+            while at[r] < len(row):
+                a, msg = row[at[r]], msgs[r][at[r]]
+                if msg is None:  # compute
+                    t = table[a.kind][a.stage]
+                    spans[r].append(Span(a, now[r], now[r] + t))
+                    now[r] += t
+                    busy[r] += t
+                elif a.kind is SEND_F or a.kind is SEND_B:
+                    start = max(now[r], stream[r])
+                    stream[r] = start + cost(msg)
+                    arrival[msg] = stream[r]
+                    spans[r].append(Span(a, start, stream[r]))
+                else:
+                    if msg not in arrival:
+                        break
+                    end = max(now[r], arrival[msg])
+                    spans[r].append(Span(a, now[r], end))
+                    now[r] = end
+                at[r] += 1
+    finish = tuple(max(n, s) for n, s in zip(now, stream))
+    makespan = max(finish)
+    idle = tuple(makespan - b for b in busy)
+    peak = peak_in_flight(lowered)
+    return DryRun(makespan, tuple(busy), idle, finish,
+                  _ratio(sum(idle), sum(busy)), _ratio(sum(idle), P * makespan),
+                  tuple(peak),
+                  tuple(Fraction(peak[r], len(info.stages_of(r))) for r in range(P)),
+                  tuple(tuple(s) for s in spans), info)
+
+
+def peak_in_flight(actions: Schedule) -> list[int]:
+    """Per rank, the most (stage, micro-batch) pairs with F done and B (or W) not yet."""
+    split = any(a.kind in (I, W) for row in actions for a in row)
+    release = W if split else B
+    peaks = []
+    for row in actions:
+        held = peak = 0
+        for a in row:
+            held += (a.kind == F) - (a.kind == release)
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks

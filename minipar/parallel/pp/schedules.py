@@ -1,0 +1,127 @@
+"""Pipeline schedules as data: for each of p ranks, the ordered compute actions it runs.
+
+    schedule("gpipe", pp=4, microbatches=8)                -> list of 4 lists of Actions
+    schedule("interleaved_1f1b", pp=4, microbatches=8, chunks=2)
+
+Pure functions of (p, m, v): no communication, no model, importable by plan and viz. The
+sends and receives are added by lowering.py; validate.py checks any schedule; dry_run.py
+times one. Rank r holds stage r (one chunk), or stages r, r + p, ..., r + (v-1)p (v chunks,
+"interleaved", stage s on rank s mod p). Micro-batches are 0..m-1.
+
+GPipe (Huang et al. 2019), all forwards then all backwards:
+    rank r:  F0 F1 ... F(m-1)  B0 B1 ... B(m-1)                 holds m micro-batches
+1F1B, PipeDream-Flush (Narayanan et al. 2021; Megatron-LM's default):
+    rank r:  w = min(p - r - 1, m) warm-up forwards F0..F(w-1),
+             then m - w pairs  F(w+i) B(i),  then the cool-down B(m-w)..B(m-1)
+    At most min(p - r, m) micro-batches are in flight on rank r (forward done, backward
+    not yet), against GPipe's m; the bubble is the same: idle / ideal = (p - 1)/m.
+Interleaved 1F1B (Narayanan et al. 2021, section 2.2; Megatron's grouping rule):
+    v chunks per rank, n = m·v virtual micro-batches in Megatron's order: groups of p
+    micro-batches run through chunk 0, then the same p through chunk 1, ...:
+        virtual k:  j = k mod (p·v),  chunk = j // p (forward; v - 1 - j // p backward),
+                    micro-batch = (k // (p·v))·p + k mod p
+    w = min(2(p - r - 1) + (v - 1)·p, n) warm-up forwards, then n - w pairs F(w+i) B(i),
+    then the cool-down backwards. The rule needs m % p == 0 (Megatron refuses anything
+    else, and so does this function); the bubble falls to (p - 1)/(v·m). Megatron's newer
+    code also runs all forwards first when w reaches n, which the min above does.
+    torch.distributed.pipelining relaxes m % p == 0 to m % max(1, m // p) == 0 with
+    rounds of m // rounds micro-batches; minipar follows Megatron's stricter rule.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .actions import B, F, Action, Schedule, ScheduleError
+
+
+def gpipe(pp: int, microbatches: int) -> Schedule:
+    """All-forward-all-backward (GPipe): rank r runs r F0..F(m-1), then r B0..r B(m-1)."""
+    m = microbatches
+    return [[Action(r, F, i) for i in range(m)] + [Action(r, B, i) for i in range(m)]
+            for r in range(pp)]
+
+
+def one_f_one_b(pp: int, microbatches: int) -> Schedule:
+    """PipeDream-Flush 1F1B: min(p - r - 1, m) warm-up forwards, F/B pairs, cool-down."""
+    m = microbatches
+    ranks = []
+    for r in range(pp):
+        warmup = min(pp - r - 1, m)
+        row = [Action(r, F, i) for i in range(warmup)]
+        for i in range(m - warmup):                      # steady state: one F, one B
+            row += [Action(r, F, warmup + i), Action(r, B, i)]
+        row += [Action(r, B, i) for i in range(m - warmup, m)]  # cool-down
+        ranks.append(row)
+    return ranks
+
+
+def interleaved_1f1b(pp: int, microbatches: int, chunks: int) -> Schedule:
+    """Megatron's interleaved 1F1B: v = chunks stages per rank (stage s on rank s mod p)."""
+    p, m, v = pp, microbatches, chunks
+    if m % p:
+        lower, upper = (m // p) * p, (m // p + 1) * p
+        fix = f"{lower} or {upper}" if lower else f"{upper}"
+        raise ScheduleError(
+            f"interleaved_1f1b groups micro-batches by the pipeline size (Megatron's rule): "
+            f"microbatches must be a multiple of pp = {p}, got {m}; use microbatches = "
+            f"{fix}, or chunks=1 with '1f1b'")
+    n = m * v
+
+    def virtual(k: int, forward: bool) -> tuple[int, int]:
+        """(chunk, micro-batch) of the k-th forward (or backward) on a rank."""
+        j = k % (p * v)
+        chunk = j // p if forward else v - 1 - j // p
+        return chunk, (k // (p * v)) * p + k % p
+
+    ranks = []
+    for r in range(p):
+        warmup = min(2 * (p - r - 1) + (v - 1) * p, n)
+
+        def fwd(k: int) -> Action:
+            chunk, mb = virtual(k, True)
+            return Action(chunk * p + r, F, mb)
+
+        def bwd(k: int) -> Action:
+            chunk, mb = virtual(k, False)
+            return Action(chunk * p + r, B, mb)
+
+        row = [fwd(k) for k in range(warmup)]
+        for i in range(n - warmup):
+            row += [fwd(warmup + i), bwd(i)]
+        row += [bwd(k) for k in range(n - warmup, n)]
+        ranks.append(row)
+    return ranks
+
+
+SCHEDULES: dict[str, Callable[..., Schedule]] = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "interleaved_1f1b": interleaved_1f1b,
+}
+MULTI_CHUNK = ("interleaved_1f1b",)  # the schedules that place several stages on a rank
+
+
+def _count(value, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ScheduleError(f"schedule needs {what} >= 1 (an integer), got {value!r}")
+    return value
+
+
+def schedule(name: str, pp: int, microbatches: int, chunks: int = 1) -> Schedule:
+    """Each pipeline rank's ordered compute actions for schedule `name`.
+
+    name: "gpipe", "1f1b" or "interleaved_1f1b"; pp: pipeline ranks p; microbatches: m;
+    chunks: model chunks v per rank (interleaved only). Stages: p·v, stage s on rank s mod p.
+    """
+    if name not in SCHEDULES:
+        raise ScheduleError(f"unknown schedule {name!r}; the schedules are "
+                            f"{', '.join(repr(k) for k in SCHEDULES)}")
+    pp, microbatches = _count(pp, "pp"), _count(microbatches, "microbatches")
+    chunks = _count(chunks, "chunks")
+    if name in MULTI_CHUNK:
+        return SCHEDULES[name](pp, microbatches, chunks)
+    if chunks != 1:
+        raise ScheduleError(f"{name!r} runs one stage per rank, got chunks={chunks}; for "
+                            f"{chunks} chunks per rank use 'interleaved_1f1b'")
+    return SCHEDULES[name](pp, microbatches)
