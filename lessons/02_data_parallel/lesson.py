@@ -469,14 +469,6 @@ budget_ids, budget_targets = rng.integers(0, budget_cfg.vocab_size,
                                           (2, budget_cfg.seq_len, 2 * PER_RANK))  # [s, 48]
 
 
-def activations_of(ctx, sequences):
-    """The ledger's peak activations for one forward and backward of `sequences`."""
-    model = GPT(budget_cfg)
-    ctx.ledger.reset_peak()
-    model.loss_and_grad(budget_ids[:, :sequences], budget_targets[:, :sequences])
-    return ctx.ledger.peak("activations")
-
-
 def naive_step(ctx):
     """DDP with the default bucket, the whole batch in one forward: (step − compute,
     peak activations)."""
@@ -490,8 +482,8 @@ def naive_step(ctx):
     return t.window - t.compute, ctx.ledger.peak("activations")
 
 
-activation_budget = mp.launch(lambda ctx: activations_of(ctx, MAX_SEQUENCES), 1)[0]
 naive_over, naive_peak = mp.launch(naive_step, 2, topology=topo)[0]  # one group, NVLink
+activation_budget = naive_peak * MAX_SEQUENCES / PER_RANK  # every activation has a batch dim
 print(f"budgets: activations {activation_budget / MIB:.2f} MiB (what {MAX_SEQUENCES} "
       f"sequences hold), step − compute {EXPOSED_BUDGET / US:.1f} µs")
 print(f"DDP's defaults, all {PER_RANK} sequences at once: activations {naive_peak / MIB:.2f} "
@@ -499,7 +491,9 @@ print(f"DDP's defaults, all {PER_RANK} sequences at once: activations {naive_pea
 
 # %% [markdown]
 # The step that ignores both budgets holds the activations of all 24 sequences and
-# leaves its whole all-reduce exposed. Your `budgeted_step(model, ids, targets, group,
+# leaves its whole all-reduce exposed. (Every tensor a forward saves has a batch
+# dimension, so the ledger's activations are proportional to the sequences: 16 hold
+# 16/24 of what 24 hold.) Your `budgeted_step(model, ids, targets, group,
 # max_sequences)` must fill every `p.grad` with the gradient of the group's whole batch
 # (as 2.1 would leave it), never hold more than the activations of 16 sequences, and
 # finish at most 9.5 µs after its compute would alone (the window runs from the first
