@@ -25,6 +25,7 @@ from minipar.viz.timeline import measure
 
 MIB, US = 2**20, 1e-6
 SUMMED = "summed over the group where the mean was wanted: use op 'avg' (or divide by n)"
+ADDED = "the micro-batch losses were added, not averaged"
 
 
 def tiny(layers: int, tied: bool = False, dtype: str = "float64", hidden: int = 8,
@@ -80,6 +81,14 @@ def check_group_of(events, spmd, what: str) -> None:
                 "process_group=group for an engine)")
 
 
+def forward_starts(ctx, model) -> list[float]:
+    """A list that fills with the clock's time at the start of each of model's forwards."""
+    starts: list[float] = []
+    model.hooks.register("forward_pre",
+                         lambda unit: starts.append(ctx.clock.now) if unit == "root" else None)
+    return starts
+
+
 def traced(ctx, spmd, fn, *args, names=None):
     """calls(ctx, fn, *args) and the trace events it added on this rank."""
     start = len(ctx.trace.events)
@@ -101,14 +110,13 @@ def check_all_reduce_gradients(impl, size, strided, per_rank, layers, tied, seed
     def program(ctx, spmd):
         g = which_group(spmd)
         model = GPT(cfg)
-        model.loss_and_grad(*split_data_parallel(*data[g], spmd.rank, spmd.size))  # [s, per_rank]
+        model.loss_and_grad(*split_data_parallel(*data[g], spmd.rank, size))  # [s, per_rank]
         own = {p.name: p.grad.copy() for p in model.parameters()}  # this shard's gradient
         call, events = traced(ctx, spmd, lambda: impl.all_reduce_gradients(model, spmd.group))
         check_group_of(events, spmd, "all_reduce_gradients")
         if size > 1 and not call.collectives:
             raise GradeFailure(f"{spmd.words}: all_reduce_gradients ran no collective, so each "
-                               "rank kept the gradient of its own shard; the group's ranks "
-                               "must combine theirs")
+                               "rank kept the gradient of its own shard")
         if size > 1 and all(np.array_equal(p.grad, own[p.name]) for p in model.parameters()):
             raise GradeFailure(
                 f"{spmd.words}: after all_reduce_gradients every p.grad still holds this "
@@ -141,9 +149,8 @@ def sizes_of(cfg: GPTConfig) -> list[int]:
 
 
 def ddp_buckets(cfg: GPTConfig, cap_bytes: float):
-    """What DistributedDataParallel does with this cap: (buckets as lists of indices in
-    units() order, each bucket's units, the order of the backward_post hooks, and for each
-    bucket the unit at whose backward_post DDP launched it, `Bucket.launched_after`)."""
+    """What DistributedDataParallel does with this cap: (its buckets as indices in units()
+    order, each one's units, the backward_post order, `Bucket.launched_after` of each)."""
     with mp.device():
         model = GPT(cfg)
         params = [p for _, ps in model.units() for p in ps]
@@ -153,10 +160,8 @@ def ddp_buckets(cfg: GPTConfig, cap_bytes: float):
         units = [sorted(b.units) for b in ddp.buckets]
         order = []  # the units in the order their backward_post fired
         model.hooks.register("backward_post", order.append)
-        ids, targets = batch(cfg, 2, 0)
-        model.loss_and_grad(ids, targets)
-        after = [b.launched_after for b in ddp.buckets]
-    return buckets, units, order, after
+        model.loss_and_grad(*batch(cfg, 2, 0))
+        return buckets, units, order, [b.launched_after for b in ddp.buckets]
 
 
 MODELS = st.builds(tiny, layers=st.integers(1, 4), tied=st.booleans(),
@@ -169,8 +174,7 @@ def cap_for(sizes: list[int], pick: int, exact: bool) -> float:
     """A cap in bytes: exactly what the last j parameters hold (a bucket boundary), or any
     number, not always whole, up to a little more than the whole model."""
     if exact:
-        ends = np.cumsum(sizes[::-1])
-        return int(ends[pick % len(ends)])
+        return int(np.cumsum(sizes[::-1])[pick % len(sizes)])
     return 1 + pick % (sum(sizes) + 64) + (pick % 7) / 8
 
 
@@ -187,10 +191,10 @@ def check_make_buckets(impl, cfg, pick, exact):
     if isinstance(got, list) and sorted(i for b in got for i in b) != list(range(len(sizes))):
         raise GradeFailure(f"{what}: the buckets must hold every index 0..{len(sizes) - 1} "
                            f"exactly once, but received {got}")
-    if isinstance(got, list) and got and got[0] and got[0][0] != expected[0][0]:
+    if got and got[0] and got[0][0] != expected[0][0]:
         raise GradeFailure(f"{what}: the first bucket starts with index {got[0][0]}, expected "
-                           f"{expected[0][0]}. The first bucket DDP launches holds the "
-                           "gradients backward finishes first (section 3, step 1)")
+                           f"{expected[0][0]}: it holds what backward finishes first (section "
+                           "3, step 1)")
     expect_equal(got, expected, what=what,
                  hint="a bucket is closed as soon as it holds at least cap_bytes; the "
                       "parameter that crosses the cap belongs to it (section 3, step 2)")
@@ -202,15 +206,14 @@ def synthetic(seed: int):
     (bucket_units, backward_order, the rule applied by the grader to its own copy)."""
     rng = np.random.default_rng(seed)
     order = [f"u{i}" for i in rng.permutation(int(rng.integers(1, 7)))]
-    buckets = [sorted(map(str, rng.choice(order, int(rng.integers(1, len(order) + 1)),
-                                          replace=False)))
+    buckets = [sorted(map(str, rng.choice(order, rng.integers(1, len(order) + 1), False)))
                for _ in range(int(rng.integers(1, 5)))]
     position = {u: i for i, u in enumerate(order)}
     launched, last = [], 0
     for units in buckets:  # every unit done, and never before the bucket ahead of it
         last = max([last] + [position[u] for u in units])
         launched.append(order[last])
-    return [list(b) for b in buckets], order, launched
+    return buckets, order, launched
 
 
 @exercise("2.3", "the backward_post at which each bucket is launched")
@@ -227,18 +230,16 @@ def check_launch_after(impl, cfg, pick, exact, general, seed):
     what = f"launch_after({units}, {order})"
     if isinstance(got, list) and len(got) == len(expected) and set(got) <= set(order):
         for j, (g, e) in enumerate(zip(got, expected)):
-            own = max(order.index(u) for u in units[j])  # its last unit to finish
-            if order.index(g) < own:
+            at, own = order.index(g), max(order.index(u) for u in units[j])
+            if at < own:
                 why = (f"bucket {j} would go out after {g!r}, but it also holds the gradients "
                        f"of {order[own]!r}, whose backward finishes later")
-            elif order.index(g) < order.index(e):
+            elif at != order.index(e):
                 why = (f"bucket {j}'s own units are done after {g!r}, but the bucket ahead of "
                        "it goes out later: buckets go out in their order, a bucket never "
-                       "before the one ahead of it")
-            elif order.index(g) > order.index(e):
-                why = (f"bucket {j} waits until {g!r}, but it could go out at {e!r}: DDP "
-                       "launches a bucket at the first backward_post at which it may go out, "
-                       "to overlap the rest of the backward")
+                       "before the one ahead of it" if at < order.index(e) else
+                       f"bucket {j} waits until {g!r}, but it could go out at {e!r}: DDP "
+                       "launches a bucket at the first backward_post at which it may go out")
             else:
                 continue
             raise GradeFailure(f"{what}: expected {expected!r} but received {got!r}; {why} "
@@ -274,9 +275,7 @@ def check_accumulate(impl, size, strided, per_rank, layers, cap_mb, seed):
         what = (f"accumulate(model, micro-batches of {sizes} sequences"
                 + (", engine=DistributedDataParallel(...))" if use_engine else ")"))
 
-        forwards = []  # when each forward began on the clock
-        model.hooks.register("forward_pre",
-                             lambda u: forwards.append(ctx.clock.now) if u == "root" else None)
+        forwards = forward_starts(ctx, model)
 
         def accumulate(micro_batches):
             return impl.accumulate(model, micro_batches, engine)
@@ -285,11 +284,10 @@ def check_accumulate(impl, size, strided, per_rank, layers, cap_mb, seed):
         if use_engine:  # the count first: it names the bug the values only hint at
             buckets, k = len(engine.buckets), len(sizes)
             runs = sum(e.name == "all_reduce" for e in events)
-            why = {0: "no all-reduce ran: every micro-batch stayed inside no_sync(), so "
-                      "the gradients were never averaged; the last backward must run "
-                      "outside it",
-                   k * buckets: f"every one of the {k} micro-batches all-reduced: the "
-                                "micro-batches before the last can run inside no_sync()"}
+            why = {0: "no all-reduce ran: every micro-batch stayed inside no_sync(), so the "
+                      "gradients were never averaged; the last backward must run outside it",
+                   k * buckets: f"every one of the {k} micro-batches all-reduced: those "
+                                "before the last can run inside no_sync()"}
             expect_equal(runs, buckets, rank=spmd.words,
                          what=f"all-reduces issued by {what} with {buckets} bucket(s)",
                          hint=why.get(runs, "one all-reduce per bucket per step, whatever "
@@ -303,13 +301,11 @@ def check_accumulate(impl, size, strided, per_rank, layers, cap_mb, seed):
                     f"before the last of the {len(forwards)} micro-batches began, so the "
                     "gradients of the micro-batches after them were never averaged over the "
                     "group: only the last backward may communicate")
-        grads = engine.full_grads() if use_engine else \
-            {p.name: p.grad for p in model.parameters()}
+        grads = engine.full_grads() if use_engine else {p.name: p.grad for p in
+                                                        model.parameters()}
         for name, e in expected[g].items():
             expect_close(grads[name], e, rank=spmd.words, what=f"{name}.grad after {what}",
-                         n=len(sizes),
-                         ratios={"n": "the micro-batch losses were added, not averaged",
-                                 "2": "the micro-batch losses were added, not averaged"},
+                         n=len(sizes), ratios={"n": ADDED, "2": ADDED},
                          hint=f"these micro-batches hold {sizes} sequences: the sum of their "
                               "gradients must be the whole batch's gradient, each weighed "
                               "by its part of the batch (equal weights are right for equal "
@@ -331,8 +327,8 @@ SCENARIOS = ((24, False), (16, True))  # (sequences per rank, whether the group 
 
 @lru_cache(maxsize=None)
 def shard(sequences: int, part: int):
-    """One device, one forward and backward of sequences part·n .. (part + 1)·n − 1 of
-    BATCH (n = sequences): (its gradients, its compute time, the activations it held)."""
+    """One device, one forward and backward of BATCH's part-th block of `sequences`:
+    (its gradients, its compute time, the activations it held)."""
     with mp.device() as ctx:
         model = GPT(BUDGET_CFG)
         ctx.ledger.reset_peak()
@@ -349,10 +345,9 @@ def over_budget_why(events, forwards: list[float], t) -> str:
     comm = [e for e in events if e.stream == "comm" and e.name != "broadcast"]
     early = [e for e in comm if e.end <= forwards[-1]]
     if early:
-        return (f"{len(early)} all-reduce(s) ran before the last of this rank's "
-                f"{len(forwards)} forwards began ({sum(e.duration for e in early) / US:.2f} µs "
-                "spent while nothing was final yet): only the last backward's gradients "
-                "need to travel")
+        return (f"{len(early)} all-reduce(s) ran before the last of this rank's {len(forwards)} "
+                f"forwards began ({sum(e.duration for e in early) / US:.2f} µs): only the "
+                "last backward's gradients need to travel")
     end = max(e.end for e in events if e.stream == "compute")
     tail = max([end] + [e.end for e in comm]) - end
     return (f"{len(comm)} all-reduce(s), {t.comm / US:.2f} µs of communication, "
@@ -368,19 +363,15 @@ def check_budgeted_step(impl, scenario):
     per_rank, strided = scenario
     (g0, compute, _), (g1, _, _) = shard(per_rank, 0), shard(per_rank, 1)
     expected = {name: (g0[name] + g1[name]) / 2 for name in g0}  # the pair's batch (section 1)
-    # the ledger's activations are proportional to the sequences (every saved tensor has a
-    # batch dimension; tests/course/lessons/test_lesson_02.py checks it): the budget is
-    # what MAX_SEQUENCES hold, read off the pass already made
-    activations = shard(per_rank, 0)[2] * MAX_SEQUENCES / per_rank
+    # activations are proportional to the sequences (tests/course/lessons/test_lesson_02.py)
+    activations = shard(per_rank, 0)[2] * MAX_SEQUENCES / per_rank  # what 16 sequences hold
     shape, names, dim = dp_mesh(2, strided)
     data = tuple(a[:, :2 * per_rank] for a in BATCH)  # both groups' batch: [s, 2·per_rank]
 
     def program(ctx, spmd):
         model = GPT(BUDGET_CFG)
         ids, targets = split_data_parallel(*data, spmd.rank, spmd.size)  # [s, per_rank]
-        forwards = []  # when each forward began on the clock
-        model.hooks.register("forward_pre",
-                             lambda u: forwards.append(ctx.clock.now) if u == "root" else None)
+        forwards = forward_starts(ctx, model)
         ctx.ledger.reset_peak()
 
         def budgeted_step(ids, targets):
@@ -401,16 +392,14 @@ def check_budgeted_step(impl, scenario):
         for p in model.parameters():
             expect_close(p.grad, expected[p.name], rank=spmd.words, n=spmd.size,
                          what=f"{p.name}.grad after {what}", ratios={"2": SUMMED, "n": SUMMED},
-                         hint="every p.grad must hold the gradient of the group's whole "
-                              "batch: the mean loss over all its ranks' sequences, whatever "
-                              "the micro-batches (of different sizes, they weigh differently: "
-                              "section 5)")
+                         hint="every p.grad must hold the gradient of the mean loss over "
+                              "all the group's sequences (micro-batches of different sizes: "
+                              "they weigh differently, section 5)")
         first = min(e.start for e in events if e.stream == "compute")
         t = measure(ctx.trace.events, ctx.world_size, start=first)[ctx.rank]
         expect_within((t.window - compute) / US, EXPOSED_BUDGET / US, unit="µs",
-                      rank=spmd.words,
-                      what=f"the time {what} lasted beyond its {compute / US:.2f} µs of "
-                           f"compute (the step took {t.window / US:.2f} µs)",
+                      rank=spmd.words, what=f"the time {what} lasted beyond its "
+                      f"{compute / US:.2f} µs of compute (the step took {t.window / US:.2f} µs)",
                       hint=over_budget_why(events, forwards, t))
 
     on_mesh(program, shape, names, dim, topology=NODE)
