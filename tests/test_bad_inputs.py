@@ -288,6 +288,27 @@ def _gpt(**kw):
     return GPTConfig(**kw)
 
 
+def _block_segments():
+    """A Block told to recompute in "segments": a model's mode, not a block's."""
+    from minipar.nn import GPTConfig
+    from minipar.nn.block import Block
+    with mp.device():
+        return Block("blocks.0", GPTConfig(), recompute="segments")
+
+
+def _segment_records_of_another_range():
+    """blocks_backward(0, 4) handed the segment records of blocks_forward(0, 2)."""
+    import numpy as np
+    from minipar.nn import GPT, GPTConfig
+    cfg = GPTConfig(vocab_size=8, seq_len=4, hidden=8, num_heads=2, num_layers=4,
+                    recompute="segments", recompute_segment=2)
+    with mp.device():
+        model = GPT(cfg)
+        x = np.zeros((4, 1, 8))
+        _, saved = model.blocks_forward(x, np.random.default_rng(0), 0, 2)
+        return model.blocks_backward(x, saved, 0, 4)
+
+
 def _clip_coef(total, max_norm):
     from minipar.optim import clip_coef
     return clip_coef(total, max_norm)
@@ -364,8 +385,24 @@ MODEL_CASES: list[tuple[str, object, type, list[str]]] = [
      ["hidden must be a positive integer", "True"]),
     ("config:vocab_size-bool", lambda: _gpt(vocab_size=True), ValueError,
      ["vocab_size must be a positive integer"]),
-    ("config:recompute_every-bool", lambda: _gpt(recompute_every=True), ValueError,
-     ["recompute_every must be a positive integer"]),
+    ("config:recompute_segment-bool", lambda: _gpt(recompute="segments",
+                                                   recompute_segment=True), ValueError,
+     ["recompute_segment must be a positive integer", "True"]),
+    ("config:recompute_segment-0", lambda: _gpt(recompute="segments", recompute_segment=0),
+     ValueError, ["recompute_segment must be a positive integer", "got 0"]),
+    ("config:recompute_segment-float", lambda: _gpt(recompute="segments",
+                                                    recompute_segment=2.0), ValueError,
+     ["recompute_segment must be a positive integer", "2.0"]),
+    ("config:recompute_segment-without-segments", lambda: _gpt(recompute="full",
+                                                               recompute_segment=2),
+     ValueError, ["recompute_segment=2 sizes checkpoint segments", "recompute='full'",
+                  "set recompute='segments'"]),
+    ("config:recompute-segments-in-a-block", _block_segments, ValueError,
+     ["a block recomputes in mode 'none', 'selective' or 'full'", "GPTConfig(recompute="
+      "'segments')"]),
+    ("model:segment-records-of-another-range", _segment_records_of_another_range,
+     ValueError, ["checkpoint segments [(0, 2), (2, 4)]", "got records for [(0, 2)]",
+                  "pass the same lo and hi"]),
     ("config:ffn_hidden-float", lambda: _gpt(ffn_hidden=2.5), ValueError,
      ["ffn_hidden must be a positive integer", "2.5"]),
     ("config:seed-negative", lambda: _gpt(seed=-1), ValueError,

@@ -158,12 +158,12 @@ def test_parallel_dims(kw):
 @given(kw=st.dictionaries(st.sampled_from(
     ["vocab_size", "seq_len", "hidden", "num_heads", "num_layers", "ffn_hidden", "dropout",
      "tie_embeddings", "gelu", "layernorm_eps", "dtype", "init_std", "seed", "recompute",
-     "recompute_every"]), NASTY, max_size=4))
+     "recompute_segment"]), NASTY, max_size=4))
 def test_gpt_config(kw):
     def sane(c):
         return (all(count(getattr(c, f)) for f in ("vocab_size", "seq_len", "hidden",
                                                    "num_heads", "num_layers", "ffn",
-                                                   "recompute_every"))
+                                                   "recompute_segment"))
                 and isinstance(c.dropout, (int, float)) and not isinstance(c.dropout, bool)
                 and 0 <= c.dropout < 1
                 and math.isfinite(c.init_std) and c.init_std >= 0

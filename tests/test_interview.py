@@ -191,14 +191,24 @@ EXPECTED = {
     "q23": dict(psi_b=13, nodes=3, per_node=8, n=24, full_gb=13 * 16 / 24,
                 grad_op_gb=26 + 13 * 14 / 24, no_shard_gb=208, hybrid_gb=13 * 16 / 8,
                 hybrid_ib_gb=2 * 2 / 3 * 26 / 8, full_ib_gb=3 * 2 / 3 * 26 / 8),
-    "q24": dict(psi_b=13, n=24, h=5120, layers=42, sim_layers=8, sim_dp=4,
+    "q24": dict(psi_b=13, n=24, s=S_, b=B_, h=H_, a=A_, layers=42, sim_layers=8, sim_dp=4,
                 z2_gb=26 + 13 * 14 / 24, z3_gb=13 * 16 / 24, runahead_gb=26 + 13 * 16 / 24,
                 limit_gb=13 * 16 / 24 + 2 * 2 * BLOCK_5120 / 1e9, excess_gb=2 * 13 / 24,
                 # measured: run-ahead above ZeRO-2, by at most (2/N)/(2 + 14/N) of the
-                # model states (lessons/../minipar/incidents/zero3_recompute.py); the
-                # limit below it
+                # model states (minipar/programs/incidents/zero3_recompute.py); the
+                # limit below it, and with segments of 2 too
                 sim_z3_pct=lambda v: 0 < v < 100 * (2 / 4) / (2 + 14 / 4),
-                sim_limit_pct=lambda v: 0 < v < 100),
+                sim_limit_pct=lambda v: 0 < v < 100, sim_both_pct=lambda v: 0 < v < 100,
+                # segments of 2 on the incident's 8 layers (s 16, b 1, h 64: I = 2sbh,
+                # A = 17 I): (8/2 - 1) I + 2A - ((8 - 1) I + A) = A - 4 I
+                sim_seg_extra=(17 - 4) * 2 * 16 * 64,
+                # checkpoint segments of 2 on the 42 layers: 21 inputs of 2sbh fewer, one
+                # layer more rerun; without the scores A = 34 sbh, with them sbh(34 + 5as/h)
+                half_gb=21 * 2 * SBH / 1e9, rerun_gb=34 * SBH / 1e9,
+                per_flash_gb=(41 * 2 + 34) * SBH / 1e9, seg_flash_gb=(20 * 2 + 2 * 34) * SBH / 1e9,
+                per_scores_gb=(41 * 2 + 34 + ATT) * SBH / 1e9,
+                seg_scores_gb=(20 * 2 + 2 * (34 + ATT)) * SBH / 1e9,
+                thr_flash=34, thr_scores=34 + ATT),
     "q25": dict(s=S_, b=B_, h=H_, t=4, layers=42, sim_t=4, ar_mb=S_TP / 1e6,
                 sent_mb=2 * 3 / 4 * S_TP / 1e6, layer_mb=4 * 2 * 3 / 4 * S_TP / 1e6,
                 model_gb=42 * 4 * 2 * 3 / 4 * S_TP / 1e9, sim_layers=3,
@@ -352,6 +362,20 @@ def test_the_layernorm_gradient_answer():
     assert SequenceParallelGrads.flush is flush, "the bank must restore the all-reduce"
     assert v["without_min"] > 1e10 * max(v["with_max"], 1e-300)
     assert v["loss_err"] < 1e-12 and v["others_max"] < 1e-12 and v["partial_sum_err"] < 1e-12
+
+
+def test_the_segments_answer_wins_and_loses_where_it_says():
+    """q24: 42 layers lie between 2A/I without the attention scores and with them, so
+    segments of 2 win the one way and lose the other; the simulated 8 layers are below
+    the incident model's 2A/I, so there they add activations."""
+    from minipar.programs.incidents import zero3_recompute as inc
+    v = VALUES["q24"]
+    assert v["thr_flash"] < v["layers"] < v["thr_scores"]
+    assert v["seg_flash_gb"] < v["per_flash_gb"] and v["seg_scores_gb"] > v["per_scores_gb"]
+    m = inc.MODEL
+    terms = inc.segment_terms(v["sim_layers"], m.seq_len, inc.MICRO_BATCH, m.hidden,
+                              m.num_heads)
+    assert v["sim_layers"] < terms["threshold"] and v["sim_seg_extra"] > 0
 
 
 def test_which_collective_each_zero_stage_runs():

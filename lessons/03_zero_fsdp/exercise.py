@@ -4,7 +4,8 @@
 """Lesson 03 — ZeRO and FSDP: the exercises' answers.
 
 Exercise 3.1 runs on simulated devices (call it inside a program given to mp.launch);
-3.2 and 3.3 are arithmetic: bytes as floats, elements as floats.
+3.2 and 3.3 are arithmetic: bytes as floats, elements as floats; 3.4 returns a plan that
+the grader runs on simulated devices.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import numpy as np
 
 import minipar as mp
+from minipar.nn import GPTConfig
 
 
 def zero1_step(flat_params: np.ndarray, flat_grad: np.ndarray, m: np.ndarray, v: np.ndarray,
                step: int, group=None, lr: float = 1e-3,
                betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                weight_decay: float = 0.01) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ZeRO-1: s = reduce_scatter(g, "avg")[r]; w_r = AdamW(w_r, s; m, v); w = all_gather(w_r).
+    """w ← AdamW(w, (1/n) Σ_r g_r), with rank r of `group` keeping only its shard's m and v.
 
     This rank's part of one ZeRO-1 step over the n ranks of `group` (None: the world):
 
@@ -28,15 +30,13 @@ def zero1_step(flat_params: np.ndarray, flat_grad: np.ndarray, m: np.ndarray, v:
         m, v         [padded/n]   Adam's moments of the shard this rank owns
         step         t, the number of this step (1 for the first), for bias correction
 
-    Rank r (its position in the group) owns flat[r*padded/n : (r+1)*padded/n]. Returns
+    Rank r (its position in `group`) owns flat[r*padded/n : (r+1)*padded/n]. Returns
     (new flat_params [padded], new m [padded/n], new v [padded/n]): the weights equal, on
-    every rank, one AdamW step of the whole buffer on the gradient averaged over the ranks.
-    AdamW as minipar.optim.AdamW does it (minipar/optim/adam.py):
-
-        m = β1·m + (1 − β1)·g          v = β2·v + (1 − β2)·g²
-        m̂ = m / (1 − β1^t)             v̂ = v / (1 − β2^t)
-        w = w − lr·wd·w                (decoupled weight decay, before the Adam update)
-        w = w − lr·m̂ / (√v̂ + ε)
+    every rank, one AdamW step of the whole buffer on the gradient averaged over the ranks,
+    AdamW exactly as minipar.optim.AdamW computes it (its update is written out in
+    minipar/optim/adam.py). Which collectives carry the gradient in and the weights out,
+    and what they cost: lesson.py, section 2. Leave the inputs as they are: compute into
+    new arrays.
     """
     raise NotImplementedError("Exercise 3.1: the ZeRO-1 AdamW step: reduce-scatter, Adam on the shard, all-gather — see lesson.py, section 2")
 
@@ -58,12 +58,43 @@ def zero_bytes_per_rank(psi: int, stage: int, n: int, param_bytes: float = 2,
 
 
 def zero_comm_elements(psi: int, stage: int, n: int) -> float:
-    """Elements sent per rank and step: DDP 2Ψ(n−1)/n, ZeRO-1/2 2Ψ'(n−1)/n, ZeRO-3 3Ψ'(n−1)/n.
+    """sent(Ψ, stage, n) = Σ over one step's collectives of the elements this rank sends.
 
-    Ring collectives: an all-reduce sends 2(n−1)/n of its buffer, a reduce-scatter and an
-    all-gather (n−1)/n each. DDP all-reduces the Ψ gradients; ZeRO-1/2 reduce-scatter the
-    padded gradient buffer and all-gather the updated weights; ZeRO-3 all-gathers the
-    weights in the forward and again in the backward and reduce-scatters the gradients
-    (ZeRO's count: no unit is kept whole). Ψ' = Ψ + ((−Ψ) mod n), as in Exercise 3.2.
+    psi parameters, n data-parallel ranks, ring collectives, one reduction of the gradients
+    per step (no accumulation). Which collectives a stage runs, over which buffer (Ψ, or
+    Ψ' = Ψ + ((−Ψ) mod n) padded as in Exercise 3.2) and how much of its buffer a ring
+    rank sends: lesson 01 (the ring reduce-scatter and all-gather) and this lesson's
+    sections 2 and 4. ZeRO-3 is counted as the ZeRO paper counts it, every unit resharded
+    after its forward (the root's saved all-gather of section 4 is not subtracted).
+    Returns a number of elements (a float), not bytes.
     """
     raise NotImplementedError("Exercise 3.3: elements sent per rank and step under DDP and ZeRO-1/2/3 — see lesson.py, section 4")
+
+
+def fit_plan(cfg: GPTConfig, n: int, batch: int, memory_budget: int,
+             traffic_budget: float) -> dict:
+    """A plan whose training step keeps peak ≤ memory_budget and sent ≤ traffic_budget per rank.
+
+    The task of lesson.py, section 6. One training step of the GPT `cfg` (float64, AdamW:
+    8 + 8 + 16 bytes of weight, gradient and optimizer state per parameter) on n
+    data-parallel ranks, each training on `batch` sequences of cfg.seq_len tokens:
+
+        memory_budget   bytes one rank may hold at once (the ledger's peak, from when the
+                        engine is built until engine.step() returns)
+        traffic_budget  bytes one rank may send during the step (the trace's comm events)
+
+    Return the plan as a dict; the grader builds GPT(cfg with your model fields) and the
+    engine, runs the step on n simulated ranks, and checks both budgets and that the
+    updated weights are one device's AdamW step on the whole batch:
+
+        "stage"          0 (DDP), 1, 2 or 3 (FSDP FULL_SHARD)                    required
+        "micro_batches"  k, a divisor of batch: accumulate k micro-batches of batch/k
+                         sequences, each loss scaled by 1/k                    default 1
+        "no_sync"        True: every micro-batch but the last skips communication
+                         (engine.no_sync()); False: each one reduces its gradients
+                                                                            default True
+        "limit_all_gathers", "reshard_after_forward", "forward_prefetch",
+        "backward_prefetch", "prefetch_depth"      ZeRO-3's knobs (stage 3 only)
+        any GPTConfig field, e.g. "recompute": "none", "selective" or "full"
+    """
+    raise NotImplementedError("Exercise 3.4: fit a training step under a memory and a traffic budget — see lesson.py, section 6")

@@ -10,7 +10,7 @@
 # %% [markdown]
 # # Lesson 03 — ZeRO and FSDP
 #
-# Partition Adam's states, gradients and weights over the data-parallel ranks: ZeRO-1/2/3 and FSDP.
+# ZeRO-1/2/3 and FSDP partition Adam's states, gradients and weights; fit a step to a budget.
 #
 # Data parallelism (DDP) copies the whole kitchen: every rank holds the same weights,
 # the same gradients after the all-reduce and the same Adam states, and runs the same
@@ -28,10 +28,12 @@
 import numpy as np
 
 import minipar as mp
+from minipar.data import split_microbatches
 from minipar.programs.incidents import zero3_recompute
 from minipar.nn import GPT, GPTConfig, Parameter
 from minipar.optim import AdamW
 from minipar.parallel import FullyShardedDataParallel, ShardingStrategy, zero_engine
+from minipar.parallel.dp import accumulate_gradients
 from minipar.plan import STAGE_NAMES, dp_comm_elements, flat_padding, model_state_bytes
 
 GB = 1e9
@@ -344,12 +346,18 @@ for strategy in ShardingStrategy:
 # small, but the gathered weights were not: with nothing holding the all-gathers back,
 # FSDP's CPU thread runs ahead of the GPU and issues the gathers of many later layers at
 # once; their outputs stay allocated, on top of the recomputed forward's activations.
-# The fix: `limit_all_gathers=True` (at most 2 units whole or in flight) and checkpointing
-# in groups of 2 layers.
+# The reported fix: `limit_all_gathers=True` (at most 2 units whole or in flight) and
+# changing the checkpoint granularity "from per layer to groups of 2 layers".
 #
-# `minipar incident c` reproduces the mechanism; here it runs on a smaller model
-# (8 layers instead of 32) to stay fast. "Run-ahead" is prefetching every later unit with
-# no limit, what FSDP's host thread does when nothing holds it back:
+# Groups of 2 layers are *checkpoint segments* (Chen et al. 2016, "Training Deep Nets with
+# Sublinear Memory Cost"): keep only the input of every second layer, and in the backward
+# rerun the forward of two layers at a time before backpropagating through them. That is
+# `GPTConfig(recompute="segments", recompute_segment=2)`. It is not "recompute every second
+# layer and keep everything in the others", which holds *more* at every moment.
+#
+# `minipar incident c` reproduces the mechanism on 40 layers, a 13B's depth; here it runs
+# on 8 layers to stay fast. "Run-ahead" is prefetching every later unit with no limit,
+# what FSDP's host thread does when nothing holds it back:
 
 # %%
 cfg_c = zero3_recompute.MODEL.with_(num_layers=8)
@@ -369,12 +377,124 @@ for key in ("zero2", "zero3", "zero3_limit"):
 # comm column: with no limit, every block's all-gather is in flight at the same moment, so
 # the whole model exists gathered again on top of the shards (ZeRO-2's one block there is
 # the all-gather of a block's updated weights after the step). `limit_all_gathers=True`
-# admits two blocks at a time and the peak falls well below ZeRO-2's. Checkpointing every
-# second layer alone does not help: the layers that do not recompute keep all their
-# activations until their backward, so it saves recomputation (the GFLOP column), not
-# memory; together with the limit it fits, for fewer FLOPs. The ledger counts only what
-# is allocated; the reported 20 % also needs effects it does not model, such as allocator
-# fragmentation. (`minipar incident c` runs the 32-layer model.)
+# admits two blocks at a time and the peak falls well below ZeRO-2's. The ledger counts
+# only what is allocated; the reported 20 % also needs effects it does not model, such as
+# allocator fragmentation.
+#
+# Segments trade one term for another. With I the bytes of a layer's input (2sbh) and A
+# what a layer keeps when it keeps everything, per-layer checkpoints hold at most
+# (L − 1)·I + A at once (the inputs below, one layer rerun), and segments of k hold
+# (L/k − 1)·I + k·A: fewer inputs, a bigger rerun. Segments of k win by (k − 1)(L·I/k − A),
+# so only when L > k·A/I. For this model's layers, and on 8 layers (the table's activ
+# column) against the same model 40 layers deep, one device, ledger against
+# `plan.training_memory`:
+
+# %%
+for k in (1, 2, 3):
+    cfg_k = zero3_recompute.MODEL.with_(recompute="segments", recompute_segment=k)
+    with mp.device() as ctx:
+        model = GPT(cfg_k)
+        ctx.ledger.reset_peak()
+        ids = np.random.default_rng(0).integers(0, cfg_k.vocab_size, (cfg_k.seq_len, 1))
+        model.loss_and_grad(ids, np.roll(ids, -1, axis=0))
+        measured = ctx.ledger.peak("activations")
+    print(f"  {cfg_k.num_layers} layers, segments of {k}: activation peak {measured:>7,} B "
+          f"(ledger), {zero3_recompute.planned_activations(cfg_k):>9,.0f} B (formula)")
+for layers in (cfg_c.num_layers, zero3_recompute.MODEL.num_layers):
+    t = zero3_recompute.segment_terms(layers, cfg_c.seq_len, 1, cfg_c.hidden, cfg_c.num_heads)
+    print(f"  {layers} layers: A = {t['A'] / t['I']:g} I, segments of 2 help above 2A/I = "
+          f"{t['threshold']:g} layers; {t['segments'] - t['per_layer']:+,.0f} B "
+          f"= {(t['segments'] - t['per_layer']) / t['I']:+g} I for the blocks; best k = "
+          f"{t['best']} (sqrt(L I / A) = {t['sqrt_rule']:.2f}, sqrt(L) = {t['sqrt_l']:.2f})")
+
+# %% [markdown]
+# Deep enough, segments of 2 do lower the activations, and segments of 3 raise them again:
+# the best segment sits near √(L·I/A), not at Chen et al.'s √L, which holds for a chain
+# whose layers keep no more than their inputs (A = I); a transformer layer keeps many
+# times its input. So the seed's second lever is real but small and depth dependent —
+# bytes beside the model state's MiB — and under ZeRO-3 it costs something too: a
+# segment's rerun needs its 2 blocks' weights whole together (the params column of the
+# segments rows). The limit is what brings the peak back. (`minipar incident c` prints the
+# 40-layer table and the same reasoning.)
+
+# %% [markdown]
+# ## 6. A budget to fit: the task of Exercise 3.4
+#
+# A real run starts from the other end: a GPU has so many bytes, the network so much time,
+# and the job is a plan that fits both. Exercise 3.4 gives you one such budget on a small
+# model, in float64 (8 bytes of weight, 8 of gradient and 16 of Adam's m and v per
+# parameter), and asks for a plan; the grader runs your plan on simulated devices and
+# reads the ledger and the trace:
+#
+# - the model: 4 blocks, hidden 16, 2 heads, a vocabulary of 32, sequences of 16 tokens;
+# - n = 2, 3 or 4 data-parallel ranks, each training on 1, 2, 4 or 8 sequences a step;
+# - **memory**: at most 520 KiB per rank at the peak of the step;
+# - **traffic**: each rank sends at most one ring all-reduce of the padded gradients,
+#   2Ψ'(n−1)/n elements of 8 bytes, what data parallelism pays anyway;
+# - **correctness**: the updated weights are one device's AdamW step on the whole batch.
+#
+# A plan picks the ZeRO stage (sections 3 and 4), the recomputation of each block
+# (`"recompute"`: what a block keeps for its backward, lesson 00), how many micro-batches
+# the rank's sequences are cut into (`"micro_batches"`: gradients accumulate over them),
+# whether every micro-batch but the last skips communication (`"no_sync"`, as DDP's
+# `no_sync()`), and ZeRO-3's knobs. DDP alone, on 2 ranks with 8 sequences each:
+
+# %%
+cfg6 = GPTConfig(vocab_size=32, seq_len=16, hidden=16, num_heads=2, num_layers=4)
+budget, n6, batch6 = 520 * 1024, 2, 8
+with mp.device():
+    psi6 = cfg6.num_parameters()
+    padded6 = sum(numel + flat_padding(numel, n6) for numel in
+                  (sum(p.size for p in params) for _, params in GPT(cfg6).units()))
+traffic_budget = 8 * 2 * padded6 * (n6 - 1) / n6  # bytes: one all-reduce of Ψ' float64
+ALL = CATS + ("activations", "comm_buffers")
+
+
+def budget_step(ctx, stage, micro_batches=1, no_sync=True):
+    model = GPT(cfg6)
+    engine = zero_engine(model, stage=stage, lr=1e-2, weight_decay=0.1)
+    ctx.ledger.reset_peak()
+    sent = ctx.trace.bytes_sent()
+    ids = np.random.default_rng(ctx.rank).integers(0, cfg6.vocab_size,
+                                                   (cfg6.seq_len + 1, batch6))  # [s + 1, b]
+    micro = split_microbatches(ids[:-1], ids[1:], micro_batches)  # k × [s, b/k]
+    accumulate_gradients(model, engine, micro, no_sync=no_sync)
+    engine.step()
+    return ({c: ctx.ledger.peak(c) for c in ALL}, ctx.ledger.peak(),
+            ctx.trace.bytes_sent() - sent)
+
+
+KiB = 1024
+ddp_peaks, ddp_peak, ddp_sent = mp.launch(lambda ctx: budget_step(ctx, 0), n6)[0]
+print(f"Ψ = {psi6:,}, Ψ' = {padded6:,} on {n6} ranks; budgets: {budget / KiB:g} KiB, "
+      f"{traffic_budget / KiB:g} KiB sent")
+print("  DDP peaks " + ", ".join(f"{c} {ddp_peaks[c] / KiB:g}" for c in ALL)
+      + f" KiB; together {ddp_peak / KiB:g} KiB = {ddp_peak / budget:.2f}x the budget; "
+      f"sent {ddp_sent / KiB:g} KiB")
+
+# %% [markdown]
+# More than three times the budget, and not only because of the model state: the
+# activations of 8 sequences are the largest category, and no ZeRO stage shards them. One trap before you
+# start: section 2 says ZeRO-2 frees each unit's whole gradient once its reduce-scatter
+# is done. With gradient accumulation under `no_sync` there is no reduce-scatter until the
+# last micro-batch, so every unit's whole gradient stays, and the shards come on top.
+# Reducing every micro-batch instead holds the shards plus the whole gradients of the
+# units in flight, as without accumulation, but sends a reduce-scatter per micro-batch (PyTorch's FSDP offers the same two choices, `no_sync()` or not). ZeRO-2 on
+# the same 8 sequences, in 2 micro-batches:
+
+# %%
+accumulated = {no_sync: mp.launch(lambda ctx: budget_step(ctx, 2, 2, no_sync), n6)[0]
+               for no_sync in (True, False)}
+for no_sync, (peaks, _, sent) in accumulated.items():
+    print(f"  ZeRO-2, 2 micro-batches, no_sync={no_sync!s:<5}: gradients peak "
+          f"{peaks['gradients']:,} B (whole 8Ψ = {8 * psi6:,}, shards 8Ψ'/n = "
+          f"{8 * padded6 // n6:,}); sent {sent / traffic_budget:.2f}x the traffic budget")
+
+# %% [markdown]
+# Under `no_sync` the gradients peak at exactly 8Ψ + 8Ψ'/n, more than ZeRO-1 ever holds
+# (8Ψ); without it the step sends (k + 1)Ψ'(n − 1)/n elements for k micro-batches, here
+# 1.5 times the budget. Which levers, together, fit every case is yours to find: more than
+# one plan does. `minipar grade 03` runs yours.
 #
 # ## Exercises
 #
@@ -391,6 +511,10 @@ for key in ("zero2", "zero3", "zero3_limit"):
 #   stage, with the flat buffer padded to a multiple of n.
 # - **Exercise 3.3** — `zero_comm_elements(psi, stage, n)`: elements one rank sends per
 #   step under DDP and ZeRO-1/2/3 (ring collectives, padded buffer).
+# - **Exercise 3.4** — `fit_plan(cfg, n, batch, memory_budget, traffic_budget)`: a plan
+#   (ZeRO stage, recomputation, micro-batches, no_sync, ZeRO-3's knobs) whose training step
+#   stays within 520 KiB per rank and one all-reduce of traffic, for every n and batch of
+#   section 6; graded by running it on simulated devices, not against a formula.
 #
 # ## Summary
 #
@@ -405,4 +529,9 @@ for key in ("zero2", "zero3", "zero3_limit"):
 # - Between steps the ledger matches the formulas to the byte; during a step, gathered
 #   weights and whole gradient buffers come on top.
 # - Unbounded gathers can make ZeRO-3 peak above ZeRO-2 (incident C); `limit_all_gathers`
-#   bounds the live gathered units.
+#   bounds the live gathered units. Checkpoint segments of k layers keep L/k inputs but
+#   rerun k layers at once: they help only when L > kA/I.
+# - Activations are not model state: no ZeRO stage shards them; recomputation and smaller
+#   micro-batches do. Gradient accumulation under `no_sync` makes ZeRO-2/3 hold whole
+#   gradients plus shards (8Ψ + 8Ψ'/n in float64); reducing every micro-batch costs k
+#   reduce-scatters instead. A budget is met by combining levers, checked on the ledger.

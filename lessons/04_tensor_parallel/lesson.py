@@ -10,7 +10,7 @@
 # %% [markdown]
 # # Lesson 04 — Tensor and sequence parallelism
 #
-# Split every weight matrix of a layer across the GPUs of one node (Megatron-LM), then the activations between the blocks along the sequence.
+# Split every weight matrix across one node's GPUs (Megatron-LM), the activations between the blocks along the sequence, and choose a layout within a memory and a time budget.
 #
 # Data parallelism, with or without ZeRO (lesson 03), splits the *batch*: every rank still
 # runs whole layers on its own sequences. When a layer's weights, or the activations of a
@@ -42,6 +42,7 @@ from minipar.parallel.tp.layers import ColumnParallelLinear, RowParallelLinear, 
 from minipar.parallel.tp.block import ParallelTransformerLayer
 from minipar.parallel.tp.vocab import (VocabParallelEmbedding, vocab_parallel_cross_entropy,
                                     vocab_parallel_cross_entropy_backward)
+from minipar.parallel import ParallelDims, parallelize
 from minipar.plan import activation_bytes_per_layer
 
 GB = 1e9
@@ -349,8 +350,28 @@ print(f"at s = {s_big}, b = 1, V = {V_big:,} (fp32 logits), t = {t_big}: 3 all-r
       f"every rank ({s_big * V_big // t_big * 4 / GB:.2f} GB is its own shard)")
 
 # %% [markdown]
+# **Why the global max.** Subtracting m changes nothing in exact arithmetic, since
+# log Σ exp(z − m) + m = log Σ exp(z), but it keeps every exponent ≤ 0. Without it, exp
+# overflows as soon as one logit passes the log of the largest finite number of its type,
+# and it has to be the max over the *whole* vocabulary: each rank's own max differs from
+# rank to rank, and a single max over all tokens sends a token whose logits all lie far
+# below it to exp = 0 and log 0 = −∞. The same logits shifted by +1000:
+
+# %%
+overflow = {np.dtype(d).name: float(np.log(float(np.finfo(d).max)))
+            for d in (np.float16, np.float32, np.float64)}
+print("exp(z) is inf past z = " + ", ".join(f"{z:.1f} in {name}" for name, z in
+                                            overflow.items()) + " (bfloat16: as float32)")
+shifted = mp.launch(lambda ctx: vocab_parallel_cross_entropy(
+    np.split(logits + 1000, t, axis=-1)[ctx.rank], targets, mp.new_group(range(t)))[0], t)[0]
+with np.errstate(over="ignore"):
+    unshifted = np.log(np.exp(logits + 1000).sum(axis=-1)).mean()  # no max subtracted
+print(f"logits + 1000: the vocab-parallel loss {shifted:.12f} (unchanged: {loss:.12f}); "
+      f"log Σ exp without the max: {unshifted}")
+
+# %% [markdown]
 # Exercise 4.3 asks you to write this loss; the grader watches the trace and accepts only
-# all-reduces of one number a token.
+# all-reduces of one number a token, and feeds it logits near ±1000.
 #
 # ## 5. Sequence parallelism
 #
@@ -484,6 +505,78 @@ print(f"(in the tensor-parallel row, 10·sbh = {10 * s * b * h / GB:.2f} GB a la
 # sequence parallelism every term divides by t, and with selective recomputation of the
 # attention core on top (lesson 00), only 34·sbh/t a layer remains.
 #
+# **One name, three techniques.** "Sequence parallelism" names three different things, and
+# papers, frameworks and interviews use it for each:
+#
+# - **Megatron-LM's sequence parallelism** (Korthikanti et al. 2022), this section: inside a
+#   tensor-parallel group, only the regions tensor parallelism left whole (LayerNorm,
+#   dropout, the residual stream) are split along s. Attention still sees the whole
+#   sequence: f̄ gathers it before the QKV projection, and the heads are split as in
+#   section 3. It divides activation memory by t, not the attention's s² cost.
+# - **DeepSpeed-Ulysses** (Jacobs et al. 2023): every rank keeps s/t of the tokens and the
+#   layer's whole weights (no tensor parallelism; ZeRO may shard them); an all-to-all before
+#   attention turns the split by sequence into a split by heads, [s/t, b, a, d] →
+#   [s, b, a/t, d], and another turns it back after. It needs a divisible by t.
+# - **Ring self-attention** (Li et al. 2021) and **ring attention** (Liu et al. 2023): every
+#   rank keeps s/t of the queries, keys and values, and the key/value blocks travel around
+#   a ring of the t ranks in t − 1 steps while each rank accumulates its queries'
+#   attention block by block; no rank ever holds the whole sequence. This is what
+#   Megatron-LM now calls *context* parallelism, and what lesson 09 (context parallelism,
+#   to come) builds.
+#
+# What each sends per rank for one attention block's forward, on t = 4 ranks, with S the
+# bytes of the whole [s, b, h] activation (from the trace: the collectives and sends each
+# technique issues, on data of the right shapes):
+
+# %%
+s, b, h, a, t = 16, 2, 32, 8, 4
+d = h // a
+
+
+def three_meanings_program(ctx):
+    g = mp.new_group(range(t), "sp")
+    r = g.group_rank(ctx.rank)
+    x_r = np.full((s // t, b, h), float(r))  # this rank's tokens: [s/t, b, h]
+    sent, held = {}, {}
+    start = ctx.trace.bytes_sent()
+    whole = mp.all_gather(x_r, axis=0, group=g)  # f̄ before the QKV projection: [s, b, h]
+    mp.reduce_scatter(whole, axis=0, group=g)  # ḡ after the output projection: [s/t, b, h]
+    sent["Megatron-LM SP"] = ctx.trace.bytes_sent() - start
+    held["Megatron-LM SP"] = f"[s, b, h] {whole.shape}: every token, heads split by TP"
+    start = ctx.trace.bytes_sent()
+    by_tokens = x_r.reshape(s // t, b, a, d)  # [s/t, b, a, d]
+    for _ in ("q", "k", "v"):  # sequence split -> head split
+        by_heads = np.concatenate(mp.all_to_all(np.split(by_tokens, t, axis=2), group=g),
+                                  axis=0)  # [s, b, a/t, d]
+    back = np.concatenate(mp.all_to_all(np.split(by_heads, t, axis=0), group=g), axis=2)
+    assert back.shape == by_tokens.shape  # the attention output, by tokens again
+    sent["DeepSpeed-Ulysses"] = ctx.trace.bytes_sent() - start
+    held["DeepSpeed-Ulysses"] = f"[s, b, a/t, d] {by_heads.shape}: every token, a/t heads"
+    start = ctx.trace.bytes_sent()
+    kv = np.stack([x_r, x_r])  # this rank's keys and values: [2, s/t, b, h]
+    for _ in range(t - 1):  # pass the block on, receive the previous rank's
+        work = mp.isend(kv, g.ranks[(r + 1) % t], group=g)
+        kv = mp.recv(g.ranks[(r - 1) % t], group=g)
+        work.wait()
+    sent["ring attention"] = ctx.trace.bytes_sent() - start
+    held["ring attention"] = f"[s/t, b, h] {x_r.shape}: s/t of the queries, all heads"
+    return sent, held
+
+
+S = s * b * h * 8
+sent, held = mp.launch(three_meanings_program, t)[0]
+for name in sent:
+    print(f"{name:<18} sends {sent[name]:>6,.0f} bytes = {sent[name] / S:.2f} S; attention "
+          f"sees {held[name]}")
+
+# %% [markdown]
+# Megatron's all-gather and reduce-scatter move (t − 1)/t · S each, which is exactly the
+# all-reduce they replace; Ulysses' four all-to-alls move (t − 1)/t · S/t each, a volume
+# that shrinks as t grows; the ring sends the keys and values of s/t tokens t − 1 times,
+# overlappable with the blocks of attention it computes meanwhile. Megatron's kind lives
+# inside tensor parallelism and needs its weight split; the other two split a layer's
+# tokens without splitting its weights, and only the ring never gathers a whole sequence.
+#
 # ## 6. Incident A: tensor parallelism across nodes
 #
 # Four all-reduces of s·b·h a layer, on the critical path, are affordable on NVLink inside
@@ -552,31 +645,100 @@ print(f"placement alone (tp = 4 either way): the TP all-reduces take "
 # (8 on DGX-class machines), and put pipeline and data parallelism, which communicate once
 # per micro-batch or once per step, across nodes.
 #
+# ## 7. A design exercise: a layout within two budgets
+#
+# Sections 1–6 are choices with prices: tensor parallelism divides the weights and most
+# activations by t and pays four all-reduces a layer; sequence parallelism divides the
+# rest and pays re-gathers in backward; recomputation (lesson 00) trades FLOPs for
+# activations and, when it is full, repeats the forward's collectives; and every one of
+# these collectives is cheap inside a node and dear across nodes. Exercise 4.5 asks you
+# to choose, and grades the choice the way LLM-Training-Puzzles grades its puzzles: by
+# running it. The grader trains your layout for two AdamW steps on the simulated cluster
+# and reads the ledger and the clock.
+#
+# The puzzle: the GPT below, 2 sequences of 64 tokens a step, on incident A's cluster
+# (2 nodes of 4 A100s). Every GPU trains, and a data-parallel rank trains whole
+# sequences. Per GPU and step:
+#
+# - **activations**: the ledger's peak of the "activations" category during a step, at
+#   most **700 kB** (a scaled-down GPU; a real one has ~80 GB for everything);
+# - **tensor-parallel communication**: the time a GPU spends in collectives on its
+#   tensor-parallel group, from the clock, at most **150 µs**;
+# - **correctness**: the two losses equal one device's, training the same model on the
+#   same batches.
+#
+# You return `ParallelDims` (tp, dp_replicate and their order), `sequence_parallel`, and the
+# config to train with: `cfg.with_(recompute=...)` may change *how* the model computes its
+# gradients, nothing it computes. More than one layout passes, and the grader asks the
+# same question of a second cluster and model, so write the reasoning, not one answer.
+# Here is a layout that misses, measured as the grader measures it, beside what
+# `activation_bytes_per_layer` (section 5's Table 2, for float64) estimates for its layers:
+
+# %%
+puzzle = GPTConfig(vocab_size=64, seq_len=64, hidden=64, num_heads=8, num_layers=2,
+                   dropout=0.1, seed=0)  # float64
+PUZZLE = dict(global_batch=2, activation_budget=700e3, tp_comm_budget=150e-6)
+batch = np.random.default_rng(1).integers(0, puzzle.vocab_size, (2, puzzle.seq_len, 2))
+
+
+def layout_program(ctx, dims, sp):
+    """One training step of `dims` on the cluster: peak activations, tp collective time."""
+    run = parallelize(puzzle, dims, zero=0, sequence_parallel=sp, lr=1e-2)
+    tp_ranks = tuple(run.groups.tp.ranks)
+    mp.barrier()
+    ctx.ledger.reset_peak()
+    base, first = ctx.ledger.held("activations"), len(ctx.trace.events)
+    run.train_step(*batch)
+    ctx.resolve_pending()
+    return ctx.ledger.peak("activations") - base, sum(
+        e.duration for e in ctx.trace.events[first:] if e.stream == "comm" and e.group == tp_ranks)
+
+
+naive = ParallelDims(dp_replicate=2, tp=4)  # tp = a node, dp across: incident A's fix
+measured = mp.launch(lambda ctx: layout_program(ctx, naive, False), 8, topology=cluster)
+peak, comm = max(m[0] for m in measured), max(m[1] for m in measured)
+table2 = puzzle.num_layers * activation_bytes_per_layer(
+    puzzle.seq_len, 1, puzzle.hidden, puzzle.num_heads, act_bytes=8, tp=4)
+print(f"dp=2 x tp=4 in a node, no sequence parallelism, no recomputation: activations "
+      f"{peak / 1e3:.1f} kB (budget {PUZZLE['activation_budget'] / 1e3:.0f} kB; Table 2 "
+      f"for its 2 layers: {table2 / 1e3:.1f} kB), tp communication {comm * 1e6:.1f} us "
+      f"(budget {PUZZLE['tp_comm_budget'] * 1e6:.0f} us)")
+
+# %% [markdown]
+# The ledger counts more than Table 2's layers (the embedding's output, the logits, the
+# loss), so leave a margin when you estimate, or measure as above.
+#
 # ## Exercises
 #
 # Open `exercise.py` in this directory, replace each `raise NotImplementedError(...)` with
-# your answer, and run `minipar grade 04`. Each function runs on every rank of a tensor-
-# parallel group, as a Megatron layer does; use minipar's collectives
-# (`mp.all_reduce(x, "sum", group=group)`, ...). The grader compares your results with
-# minipar's own layers and functions on 1 to 4 ranks, and names the rank and the smallest
-# case that fails.
+# your answer, and run `minipar grade 04`. Exercises 4.1–4.4 run on every rank of a
+# tensor-parallel group, as a Megatron layer does; use minipar's collectives
+# (`mp.all_reduce(x, "sum", group=group)`, ...). The grader runs them on a 2-D mesh of
+# data × tensor parallelism, the tensor-parallel groups either consecutive ranks or ranks
+# 2 apart, and passes your group as `group`: r is your rank *in the group*
+# (`mp.get_rank(group)`), not the global rank. It compares your results with minipar's own
+# layers and functions, counts the collectives you issue (and over which ranks) before it
+# looks at values, hands you copies of your inputs and names any you write into, and names
+# a failing rank as "tp rank 0 of 2 = global rank 2 of 4, the second tp group".
 #
 # - **Exercise 4.1** — `column_parallel_linear_forward(x, w_shard, b_shard, group)` and
 #   `column_parallel_linear_backward(dy_shard, x, w_shard, group) -> (dx, dw_shard,
-#   db_shard)`: the column-parallel layer with f (identity forward, all-reduce of dx
-#   backward). Graded against `ColumnParallelLinear`.
+#   db_shard)`: the column-parallel layer with f. Graded against `ColumnParallelLinear`.
 # - **Exercise 4.2** — `row_parallel_linear_forward(x_shard, w_shard, b, group)` and
 #   `row_parallel_linear_backward(dy, x_shard, w_shard, group) -> (dx_shard, dw_shard, db)`:
-#   the row-parallel layer with g (all-reduce forward, bias added after it; identity
-#   backward). Graded against `RowParallelLinear`.
+#   the row-parallel layer with g. Graded against `RowParallelLinear`.
 # - **Exercise 4.3** — `vocab_parallel_cross_entropy_loss(logits_shard, targets, group)`:
-#   the mean cross-entropy from [s, b, V/t] logit shards, with three all-reduces of [s, b]
-#   and no gathering of the logits. Graded against `cross_entropy_forward` on the full
-#   logits, and against the trace.
+#   the mean cross-entropy from [s, b, V/t] logit shards, communicating one number a token
+#   at most three times and never the logits. Graded against `cross_entropy_forward` on the
+#   full logits, on logits near ±1000 too, and against the trace.
 # - **Exercise 4.4** — `sequence_parallel_layernorm_grads(dy_shard, x_shard, gamma, group)
-#   -> (dx_shard, dgamma, dbeta)`: LayerNorm's backward on a sequence shard, with the
-#   all-reduce of γ's and β's gradients over the group. Graded against `layernorm_backward`
-#   on the whole sequence.
+#   -> (dx_shard, dgamma, dbeta)`: LayerNorm's backward on a sequence shard, with γ's and
+#   β's gradients for the whole sequence. Graded against `layernorm_backward` on the whole
+#   sequence.
+# - **Exercise 4.5** (design) — `choose_tensor_parallel_layout(cfg, topology, global_batch,
+#   activation_budget, tp_comm_budget) -> {"dims", "sequence_parallel", "cfg"}`: section
+#   7's puzzle, and the same question on a second cluster. Graded by training the layout
+#   on the simulated cluster: the ledger, the clock and one device's losses.
 #
 # ## Summary
 #
@@ -588,9 +750,15 @@ print(f"placement alone (tp = 4 either way): the TP all-reduces take "
 # - Attention splits by whole heads; a layer does 2 all-reduces of s·b·h in forward and 2
 #   in backward, all on the critical path.
 # - The vocabulary splits by rows; the loss needs three all-reduces of [s, b] and never the
-#   full [s, b, V] logits.
+#   full [s, b, V] logits, and the max it subtracts must be each token's max over the whole
+#   vocabulary, or exp overflows (past 88.7 in float32, 709.8 in float64).
 # - Sequence parallelism runs LayerNorm and dropout on s/t of the tokens, turns the
 #   all-reduces into all-gathers and reduce-scatters (same bytes), divides the remaining
 #   10·sbh of activations by t, and needs one all-reduce of the LayerNorm and bias gradients.
+# - "Sequence parallelism" also names DeepSpeed-Ulysses (all-to-all from a sequence split to
+#   a head split) and ring attention (K/V blocks around a ring: context parallelism, lesson
+#   09); those two split the tokens without splitting the weights.
 # - Tensor parallelism stays inside a node's NVLink domain; across nodes its all-reduces
-#   run at InfiniBand speed (incident A).
+#   run at InfiniBand speed (incident A). Choosing tp, sequence parallelism and
+#   recomputation is a budget of memory and time, measured on the simulated cluster
+#   (exercise 4.5).

@@ -1,9 +1,12 @@
 """Lesson 04 — tensor and sequence parallelism: the exercises' answers.
 
-Every function runs on each rank of a tensor-parallel group (SPMD, like a Megatron layer):
-`group=None` means the whole world. Shapes are per rank, sequence first ([s, b, h]), and
-weights are stored [out, in] as in PyTorch, so t = the group's size and r = this rank's
-position in it. Use minipar's collectives (`mp.all_reduce(x, "sum", group=group)`, ...).
+Exercises 4.1-4.4 run on each rank of a tensor-parallel group (SPMD, like a Megatron
+layer). The grader runs them on a 2-D mesh and passes your tensor-parallel group as `group`,
+so t = `group`'s size and r = this rank's *group rank*, its index in `group`
+(`mp.get_rank(group)`; the global rank, `mp.get_rank()`, is another number). Shapes are per
+rank, sequence first ([s, b, h]), and weights are stored [out, in] as in PyTorch. Use
+minipar's collectives (`mp.all_reduce(x, "sum", group=group)`, ...), and leave your inputs
+as they are: return new arrays. Exercise 4.5 is a design exercise: it returns a plan.
 """
 
 from __future__ import annotations
@@ -13,16 +16,19 @@ from typing import Optional
 import numpy as np
 
 import minipar as mp
+from minipar.nn import GPTConfig
 from minipar.nn.layernorm import layernorm_backward
 from minipar.nn.saved import Saved
+from minipar.parallel import ParallelDims
+from minipar.plan import activation_bytes_per_layer
 
 
 def column_parallel_linear_forward(x: np.ndarray, w_shard: np.ndarray, b_shard: np.ndarray,
                                    group: Optional[mp.ProcessGroup] = None) -> np.ndarray:
-    """y_r = f(x) W_r^T + b_r, where f is the identity in forward.
+    """y_r = outputs r·out/t .. (r+1)·out/t of the full layer x W^T + b (lesson section 2).
 
     x: [s, b, in], the same on every rank; w_shard: [out/t, in] (rows r·out/t ..
-    (r+1)·out/t of the full W); b_shard: [out/t] -> y_r: [s, b, out/t]. No communication.
+    (r+1)·out/t of the full W); b_shard: [out/t] -> y_r: [s, b, out/t].
     """
     # BEGIN SOLUTION Exercise 4.1: the column-parallel linear layer and its f — see lesson.py, section 2
     return x @ w_shard.T + b_shard  # y_r: [s, b, out/t]
@@ -32,7 +38,8 @@ def column_parallel_linear_forward(x: np.ndarray, w_shard: np.ndarray, b_shard: 
 def column_parallel_linear_backward(dy_shard: np.ndarray, x: np.ndarray, w_shard: np.ndarray,
                                     group: Optional[mp.ProcessGroup] = None
                                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """dx = all_reduce over r of (dy_r W_r) (f's backward); dW_r = dy_r^T x; db_r = Σ dy_r.
+    """(dL/dx, dL/dW_r, dL/db_r) of the column-parallel layer, where L depends on the
+    outputs of every rank (lesson section 2: what f does in backward).
 
     dy_shard: [s, b, out/t], this rank's slice of dL/dy; x: [s, b, in] (the forward's input)
     -> (dx: [s, b, in], the same on every rank; dw_shard: [out/t, in]; db_shard: [out/t])
@@ -50,7 +57,8 @@ def column_parallel_linear_backward(dy_shard: np.ndarray, x: np.ndarray, w_shard
 
 def row_parallel_linear_forward(x_shard: np.ndarray, w_shard: np.ndarray, b: np.ndarray,
                                 group: Optional[mp.ProcessGroup] = None) -> np.ndarray:
-    """y = g(x_r W_r^T) + b, where g is an all-reduce in forward; the bias is added once.
+    """y = x W^T + b of the full layer, from this rank's slice of x and of W (lesson
+    section 2: g).
 
     x_shard: [s, b, in/t] (e.g. a column-parallel layer's output); w_shard: [out, in/t]
     (columns r·in/t .. (r+1)·in/t of the full W); b: [out], the same on every rank
@@ -66,7 +74,8 @@ def row_parallel_linear_forward(x_shard: np.ndarray, w_shard: np.ndarray, b: np.
 def row_parallel_linear_backward(dy: np.ndarray, x_shard: np.ndarray, w_shard: np.ndarray,
                                  group: Optional[mp.ProcessGroup] = None
                                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """dx_r = g'(dy) W_r with g' the identity; dW_r = dy^T x_r; db = Σ dy.
+    """(dL/dx_r, dL/dW_r, dL/db) of the row-parallel layer (lesson section 2: what g does
+    in backward).
 
     dy: [s, b, out], the same on every rank; x_shard: [s, b, in/t] (the forward's input)
     -> (dx_shard: [s, b, in/t]; dw_shard: [out, in/t]; db: [out], the same on every rank)
@@ -83,12 +92,13 @@ def row_parallel_linear_backward(dy: np.ndarray, x_shard: np.ndarray, w_shard: n
 
 def vocab_parallel_cross_entropy_loss(logits_shard: np.ndarray, targets: np.ndarray,
                                       group: Optional[mp.ProcessGroup] = None) -> float:
-    """loss = mean over tokens of log Σ_v exp(logits[v]) - logits[target], from shards.
+    """loss = mean over tokens of log Σ_v exp(logits[v]) - logits[target], from shards
+    (lesson section 4).
 
     logits_shard: [s, b, V/t], vocabulary entries r·V/t .. (r+1)·V/t of the logits;
     targets: int [s, b] in [0, V), the same on every rank -> the loss (a float), the same on
-    every rank. Communicate only [s, b] numbers (all-reduces: max, then sums); never
-    assemble the [s, b, V] logits.
+    every rank, for any finite logits. Communicate only numbers of one token each ([s, b]
+    arrays), at most three times; never assemble the [s, b, V] logits.
     """
     # BEGIN SOLUTION Exercise 4.3: cross-entropy over a vocabulary split across ranks — see lesson.py, section 4
     t, r = mp.get_world_size(group), mp.get_rank(group)
@@ -111,13 +121,14 @@ def sequence_parallel_layernorm_grads(dy_shard: np.ndarray, x_shard: np.ndarray,
                                       group: Optional[mp.ProcessGroup] = None,
                                       eps: float = 1e-5
                                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """dx_r = LayerNorm'(x_r)·dy_r per token; dgamma = all_reduce(Σ dy_r·xhat_r); dbeta =
-    all_reduce(Σ dy_r).
+    """(dL/dx_r, dL/dgamma, dL/dbeta) of a LayerNorm whose tokens are split along the
+    sequence over the group (lesson section 5).
 
     LayerNorm y = xhat·gamma + beta, xhat = (x - mean) / sqrt(var + eps) over the last axis.
     dy_shard, x_shard: [s/t, b, h], this rank's part of the sequence; gamma: [h], the same on
-    every rank -> (dx_shard: [s/t, b, h]; dgamma: [h] and dbeta: [h], whole, the same on
-    every rank). (`minipar.nn.layernorm.layernorm_backward` computes one device's three.)
+    every rank -> (dx_shard: [s/t, b, h]; dgamma: [h] and dbeta: [h] of the whole sequence,
+    the same on every rank). (`minipar.nn.layernorm.layernorm_backward` computes one
+    device's three.)
     """
     # BEGIN SOLUTION Exercise 4.4: sequence-parallel LayerNorm gradients — see lesson.py, section 5
     saved = Saved("ln", x=x_shard)  # what LayerNorm's forward keeps: its input
@@ -126,4 +137,31 @@ def sequence_parallel_layernorm_grads(dy_shard: np.ndarray, x_shard: np.ndarray,
     h = gamma.shape[0]
     both = mp.all_reduce(np.concatenate([dgamma, dbeta]), "sum", group=group)  # [2h]
     return dx_shard, both[:h], both[h:]
+    # END SOLUTION
+
+
+def choose_tensor_parallel_layout(cfg: GPTConfig, topology: mp.Topology, global_batch: int,
+                                  activation_budget: float, tp_comm_budget: float) -> dict:
+    """A layout that trains `cfg` on every GPU of `topology` within two budgets per GPU and
+    step: peak activations <= activation_budget bytes, time in tensor-parallel collectives
+    <= tp_comm_budget seconds (lesson section 7).
+
+    global_batch: sequences of cfg.seq_len tokens a step. Returns {"dims":
+    ParallelDims(dp_replicate=..., tp=..., order=...), "sequence_parallel": bool, "cfg": the
+    GPTConfig to train with}. The grader trains two steps of AdamW with `parallelize` on the
+    simulated cluster, reads the ledger and the clock, and wants the losses one device gets
+    training `cfg` on the same batches.
+    """
+    # BEGIN SOLUTION Exercise 4.5: a tensor-parallel layout within a memory and a time budget — see lesson.py, section 7
+    tp = topology.gpus_per_node  # one node's GPUs: the tp collectives stay on NVLink
+    dims = ParallelDims(dp_replicate=topology.world_size // tp, tp=tp)  # tp fastest: a node
+    b = global_batch // dims.dp  # sequences on each GPU
+    s, h, a = cfg.seq_len, cfg.hidden, cfg.num_heads
+    for sp, recompute in ((False, "none"), (True, "none"), (True, "selective"), (True, "full")):
+        per_layer = activation_bytes_per_layer(  # Korthikanti et al.'s Table 2 (section 5)
+            s, b, h, a, recompute, act_bytes=cfg.np_dtype.itemsize, dropout=cfg.dropout > 0,
+            tp=tp, sequence_parallel=sp)
+        if cfg.num_layers * per_layer <= activation_budget:
+            break  # the first, cheapest change that fits
+    return {"dims": dims, "sequence_parallel": sp, "cfg": cfg.with_(recompute=recompute)}
     # END SOLUTION

@@ -36,7 +36,8 @@ from minipar.parallel.tp.sequence import SequenceParallelGrads
 from minipar.parallel.tp.gpt import TensorParallelGPT
 from minipar.plan import (activation_bytes_per_layer, dp_comm_elements, flat_padding,
                           model_flops, model_flops_full_recompute, model_state_bytes,
-                          selective_recompute_extra_flops, zero_figure1)
+                          segments_activation_bytes, selective_recompute_extra_flops,
+                          zero_figure1)
 from minipar.runtime.cost import (algbw, busbw, bytes_sent, collective_cost,
                                   ring_all_reduce_time)
 from minipar.runtime.device import DeviceSpec
@@ -315,13 +316,16 @@ def no_sync_run(n: int, k: int) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def incident_c_run(layers: int) -> dict:
-    """Incident C on a `layers`-block model: peak bytes of the largest rank for ZeRO-2,
-    ZeRO-3 with the host running ahead, and ZeRO-3 with limit_all_gathers."""
+    """Incident C on a `layers`-block model: the largest rank's peak bytes (total, and
+    activations) for ZeRO-2, ZeRO-3 with the host running ahead, ZeRO-3 with
+    limit_all_gathers, and both fixes (the limit and checkpoint segments of 2)."""
     cfg = zero3_recompute.MODEL.with_(num_layers=layers)
     table = zero3_recompute.scenarios(cfg)
-    peaks = {key: zero3_recompute.measure(table[key][1], table[key][2])["peak"]["total"]
-             for key in ("zero2", "zero3", "zero3_limit")}
-    return {"peaks": peaks, "dp": zero3_recompute.DP}
+    peaks = {key: zero3_recompute.measure(table[key][1], table[key][2])["peak"]
+             for key in ("zero2", "zero3", "zero3_limit", "zero3_both")}
+    return {"peaks": {k: p["total"] for k, p in peaks.items()},
+            "activations": {k: p["activations"] for k, p in peaks.items()},
+            "dp": zero3_recompute.DP}
 
 
 # ---- lesson 00: the memory wall -------------------------------------------------------
@@ -626,18 +630,30 @@ def q23(psi_b, nodes, per_node):
             "full_ib_gb": 3 * bytes_sent("all_gather", "ring", shard_bytes, nodes, me=0) / GB}
 
 
-def q24(psi_b, n, h, layers, sim_layers):
-    """ZeRO-3 with every block gathered, or two, against ZeRO-2 (analytic and measured)."""
+def q24(psi_b, n, s, b, h, a, layers, sim_layers):
+    """ZeRO-3 with every block gathered, or two, against ZeRO-2 (analytic and measured);
+    checkpoint segments of 2 layers against per-layer checkpoints."""
     psi = psi_b * 1e9
     block = block_parameters(h)
     z3 = states_gb(psi, 3, n)
     run = incident_c_run(sim_layers)
-    peaks = run["peaks"]
+    peaks, act = run["peaks"], run["activations"]
+    kept = activation_bytes_per_layer(s, b, h, a, recompute="full")  # I = 2sbh
+    flash = activation_bytes_per_layer(s, b, h, a, recompute="selective")  # no s^2 terms
+    scores = activation_bytes_per_layer(s, b, h, a)  # the attention scores kept too
+    blocks = {(A, k): segments_activation_bytes(layers, k, A, kept) / GB
+              for A in (flash, scores) for k in (1, 2)}
     return {"z2_gb": states_gb(psi, 2, n), "z3_gb": z3,
             "runahead_gb": z3 + 2 * psi / GB, "limit_gb": z3 + 2 * 2 * block / GB,
             "excess_gb": z3 + 2 * psi / GB - states_gb(psi, 2, n),
             "sim_dp": run["dp"], "sim_z3_pct": 100 * (peaks["zero3"] / peaks["zero2"] - 1),
-            "sim_limit_pct": 100 * (1 - peaks["zero3_limit"] / peaks["zero2"])}
+            "sim_limit_pct": 100 * (1 - peaks["zero3_limit"] / peaks["zero2"]),
+            "sim_both_pct": 100 * (1 - peaks["zero3_both"] / peaks["zero2"]),
+            "sim_seg_extra": act["zero3_both"] - act["zero3_limit"],
+            "half_gb": (layers - len(range(0, layers, 2))) * kept / GB, "rerun_gb": flash / GB,
+            "per_flash_gb": blocks[flash, 1], "seg_flash_gb": blocks[flash, 2],
+            "per_scores_gb": blocks[scores, 1], "seg_scores_gb": blocks[scores, 2],
+            "thr_flash": 2 * flash / kept, "thr_scores": 2 * scores / kept}
 
 
 # ---- lesson 04: tensor and sequence parallelism ---------------------------------------
@@ -1040,20 +1056,28 @@ QUESTIONS: list[Question] = [
         "scatters, each crossing nodes with 1/{per_node} of the data).",
         q23),
     Question(
-        "q24", "03", dict(psi_b=13, n=24, h=5120, layers=42, sim_layers=8),
-        "Incident C: a {psi_b}B model on {n} GPUs ({layers} layers, h = {h}) peaked higher with "
-        "ZeRO-3 and activation checkpointing than with ZeRO-2. How can sharding more use more "
-        "memory, and what does limit_all_gathers do?",
+        "q24", "03", dict(psi_b=13, n=24, **SHAPE, layers=42, sim_layers=8),
+        "Incident C: a {psi_b}B model on {n} GPUs ({layers} layers, h = {h}, {a} heads, "
+        "s = {s}, b = {b}) peaked higher with ZeRO-3 and activation checkpointing than with "
+        "ZeRO-2. How can sharding more use more memory, what does limit_all_gathers do, and "
+        "what does checkpointing in groups of 2 layers change?",
         "ZeRO-3 saves memory only while few units are gathered at once. Its states are "
         "{z3_gb:.2f} GB against ZeRO-2's {z2_gb:.2f} GB, but with nothing holding it back the "
         "host issues each unit's all-gather long before the GPU computes that unit, and the "
         "gathered weights pile up: with every block whole a rank holds {runahead_gb:.2f} GB, "
         "{excess_gb:.2f} GB above ZeRO-2, before the recomputed activations and the gradients. "
         "limit_all_gathers=True admits two units at a time, the one computing and the one "
-        "prefetched: {limit_gb:.2f} GB. Simulated with {sim_layers} blocks on {sim_dp} ranks, "
-        "ZeRO-3 running ahead peaks {sim_z3_pct:.1f}% above ZeRO-2, and {sim_limit_pct:.1f}% "
-        "below it with the limit. Checkpointing every second layer does not lower the peak by "
-        "itself; it halves the recomputation, which the limit's headroom pays for.",
+        "prefetched: {limit_gb:.2f} GB. Groups of 2 layers are checkpoint segments: keep the "
+        "input of every second layer ({half_gb:.2f} GB of inputs fewer) and rerun two layers "
+        "at a time in the backward (one layer's {rerun_gb:.2f} GB more, without the attention "
+        "scores). The blocks then hold {seg_flash_gb:.2f} GB instead of {per_flash_gb:.2f} GB: "
+        "segments of 2 win only when L > 2A/I, {thr_flash:.0f} layers here. If the attention "
+        "scores are kept (no FlashAttention), 2A/I = {thr_scores:.1f} layers and they lose: "
+        "{seg_scores_gb:.2f} GB instead of {per_scores_gb:.2f} GB. Simulated with "
+        "{sim_layers} blocks on {sim_dp} ranks, ZeRO-3 running ahead peaks {sim_z3_pct:.1f}% "
+        "above ZeRO-2 and {sim_limit_pct:.1f}% below it with the limit; adding segments of 2 "
+        "(too few layers to win) adds {sim_seg_extra:,} B of "
+        "activations: {sim_both_pct:.1f}% below ZeRO-2. The limit is the fix.",
         q24),
     # -- lesson 04: tensor and sequence parallelism --
     Question(

@@ -64,12 +64,13 @@ def describe_ratio(received: Any, expected: Any, n: Optional[int] = None,
     ratio. A ratio no name fits is still given as a number ("0.75×"), for a single
     quantity (a 0-d result: bytes, seconds) or when at least three nonzero elements of an
     array agree on it (one or two elements fit any ratio). Where two names fit
-    (2 and n at n = 2) the first in `prefer` wins, then the order above."""
+    (2 and n at n = 2) the first of them in `prefer` wins, then the order above."""
     c = constant_ratio(received, expected)
     if c is None:
         return None
     preferred = [k for k in prefer if k in dict(_RATIOS)]
-    for key, value in sorted(_RATIOS, key=lambda kv: kv[0] not in preferred):
+    rank = {k: i for i, k in enumerate(preferred)}
+    for key, value in sorted(_RATIOS, key=lambda kv: rank.get(kv[0], len(rank))):
         if key in _NEEDS_N and (n is None or n < 2 or (key == "1/(n-1)" and n < 3)):
             continue
         if np.isclose(c, value(n), rtol=1e-9, atol=0):

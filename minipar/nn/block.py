@@ -12,8 +12,9 @@ Recomputation (Chen et al. 2016; Korthikanti et al. 2022):
                34 sbh per block, for one more Q K^T matmul
   "full"       the block keeps only its input x (2 sbh) and a copy of the dropout generator;
                backward runs the block's forward again first (one more forward's FLOPs)
-Each block has its own mode: GPTConfig.recompute_every = k recomputes only every k-th
-block and lets the others keep everything (GPTConfig.block_recompute).
+These are a block's own modes. GPTConfig(recompute="segments") checkpoints segments of
+several blocks instead (Chen et al. 2016): the blocks run in mode "none" and the model's
+blocks step keeps only each segment's input (nn/segments.py).
 
 Parts. A block is handed its four sub-layers (`BlockParts`) rather than building them, so a
 mixture of experts can take the MLP's place, a context-parallel core the attention's, and
@@ -35,6 +36,8 @@ from .layernorm import LayerNorm
 from .mlp import MLP
 from .module import Module
 from .saved import Saved, release_all
+
+BLOCK_MODES = ("none", "selective", "full")  # a block's own recompute modes
 
 
 @dataclass(frozen=True)
@@ -83,12 +86,17 @@ class Block(Module):
 
     def __init__(self, name: str, cfg, parts: Optional[BlockParts] = None,
                  recompute: Optional[str] = None):
-        """parts: default dense_parts(name, cfg). recompute: this block's mode (default
-        cfg.recompute; GPT passes cfg.block_recompute(i)). cfg.dropout is the residual
+        """parts: default dense_parts(name, cfg). recompute: this block's mode, "none",
+        "selective" or "full" (default cfg.layer_recompute). cfg.dropout is the residual
         dropouts' probability."""
         parts = dense_parts(name, cfg) if parts is None else parts
         self.name, self.dropout = name, cfg.dropout
-        self.recompute = cfg.recompute if recompute is None else recompute
+        self.recompute = cfg.layer_recompute if recompute is None else recompute
+        if self.recompute not in BLOCK_MODES:
+            raise ValueError(
+                f"{name}: a block recomputes in mode 'none', 'selective' or 'full', got "
+                f"{self.recompute!r}; checkpoint segments of several blocks are the model's "
+                f"mode (GPTConfig(recompute='segments')), not a block's")
         self.ln1, self.attn, self.ln2, self.mlp = parts.ln1, parts.attn, parts.ln2, parts.mlp
 
     # ---- forward ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ DTYPES = {
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
     "float16": np.dtype(np.float16),
 }
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "segments")
 
 
 def as_dtype(name) -> np.dtype:
@@ -44,6 +44,8 @@ class GPTConfig:
 
     vocab_size  V      seq_len   s (max positions)   hidden  h
     num_heads   a      num_layers l                  ffn_hidden (default 4h)
+    recompute   a block's own mode (nn/block.py), or "segments": checkpoint segments of
+                recompute_segment blocks, the last shorter (nn/segments.py)
     """
 
     vocab_size: int = 64
@@ -60,7 +62,8 @@ class GPTConfig:
     init_std: float = 0.02
     seed: int = 0
     recompute: str = "none"  # "none" | "selective" (attention core) | "full" (whole block)
-    recompute_every: int = 1  # only every k-th block recomputes (block i: (i + 1) % k == 0)
+    #                          | "segments" (checkpoint segments of recompute_segment blocks)
+    recompute_segment: int = 1  # blocks per checkpoint segment, with recompute="segments"
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "hidden", "num_heads", "num_layers"):
@@ -84,8 +87,14 @@ class GPTConfig:
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"GPTConfig.recompute must be one of {RECOMPUTE}, "
                              f"got {self.recompute!r}")
-        _check_int("recompute_every", self.recompute_every, 1,
-                   "a positive integer (1: every block recomputes, k: every k-th)")
+        _check_int("recompute_segment", self.recompute_segment, 1,
+                   "a positive integer (the number of blocks in one checkpoint segment)")
+        if self.recompute_segment != 1 and self.recompute != "segments":
+            raise ValueError(
+                f"GPTConfig.recompute_segment={self.recompute_segment} sizes checkpoint "
+                f"segments, but recompute={self.recompute!r} makes none; set "
+                f"recompute='segments' to checkpoint {self.recompute_segment} blocks at a "
+                f"time, or leave recompute_segment at 1")
         if not (isinstance(self.dtype, (str, np.dtype, type))
                 and as_dtype(self.dtype) in DTYPES.values()):
             raise ValueError(f"GPTConfig.dtype must be one of {sorted(DTYPES)} (parameters and "
@@ -109,17 +118,12 @@ class GPTConfig:
     def np_dtype(self) -> np.dtype:
         return as_dtype(self.dtype)
 
-    def block_recompute(self, i: int) -> str:
-        """The recompute mode of block i: `recompute` for every k-th block (k =
-        recompute_every, counted from 1: blocks k-1, 2k-1, ...), "none" for the others.
-
-        Layer-selective activation checkpointing: torchtitan's `selective_ac_option="k"`
-        checkpoints every k-th transformer block the same way (Megatron-LM's
-        `recompute_method="block"` instead recomputes the first N blocks of a stage). The
-        blocks that do not recompute keep all their activations and skip the extra forward:
-        less recomputation for more activation memory. Gradients are identical either way.
-        """
-        return self.recompute if (i + 1) % self.recompute_every == 0 else "none"
+    @property
+    def layer_recompute(self) -> str:
+        """The mode each block applies inside itself: `recompute`, except under "segments",
+        where the blocks keep everything and the model's blocks step checkpoints the
+        segments around them (nn/segments.py)."""
+        return "none" if self.recompute == "segments" else self.recompute
 
     def with_(self, **changes) -> "GPTConfig":
         """A copy with some fields changed (validated again)."""

@@ -58,6 +58,7 @@ from .linear import Linear, linear_backward, linear_forward
 from .module import Module
 from .parameter import Parameter
 from .saved import Saved
+from .segments import segments_backward, segments_forward
 
 
 @dataclass
@@ -80,7 +81,8 @@ class HeadSaved:
 class ForwardCache:
     """Everything `GPT.forward` keeps for `GPT.backward`, step by step."""
     embed: EmbedSaved
-    blocks: list    # blocks[i]: what block i saved (a tuple of Saved; see block.py)
+    blocks: list    # blocks[i]: what block i saved (a tuple of Saved; see block.py), or
+    #                 with recompute="segments" one Saved per segment (segments.py)
     head: HeadSaved
 
 
@@ -119,7 +121,7 @@ class GPT(Module):
     def build_block(self, i: int) -> Block:
         cfg, name = self.cfg, block_unit(i)
         mlp = self.mlp_factory(i) if self.mlp_factory is not None else None
-        return Block(name, cfg, dense_parts(name, cfg, mlp=mlp), cfg.block_recompute(i))
+        return Block(name, cfg, dense_parts(name, cfg, mlp=mlp), cfg.layer_recompute)
 
     def build_ln_f(self):
         return LayerNorm("ln_f", self.cfg.hidden, self.cfg.layernorm_eps, self.cfg.np_dtype)
@@ -191,10 +193,13 @@ class GPT(Module):
     # ---- step 2: blocks lo..hi ----------------------------------------------------------
     def blocks_forward(self, x: np.ndarray, rng, lo: int = 0, hi: Optional[int] = None
                        ) -> tuple[np.ndarray, list]:
-        """x_hi, saved = blocks lo, ..., hi-1 applied to x_lo; saved[j] is block lo+j's.
-        Fires forward_pre/forward_post("blocks.i") around each block."""
+        """x_hi, saved = blocks lo, ..., hi-1 applied to x_lo; saved[j] is block lo+j's
+        (recompute="segments": segment j's, segments.py). Fires forward_pre/forward_post
+        ("blocks.i") around each block."""
         lo, hi = self._block_range(lo, hi)
         rng = self.dropout_rng(rng)
+        if self.cfg.recompute == "segments":  # one record per segment (segments.py)
+            return segments_forward(self, x, rng, lo, hi)
         saved = []
         for i in range(lo, hi):
             self.hooks.fire("forward_pre", block_unit(i))
@@ -207,6 +212,8 @@ class GPT(Module):
                         hi: Optional[int] = None) -> np.ndarray:
         """dx_lo from dx_hi through blocks hi-1, ..., lo (the range blocks_forward ran)."""
         lo, hi = self._block_range(lo, hi)
+        if self.cfg.recompute == "segments":
+            return segments_backward(self, dx, saved, lo, hi)
         if len(saved) != hi - lo:
             raise ValueError(f"blocks_backward over blocks {lo}..{hi - 1} needs the {hi - lo} "
                              f"records blocks_forward(x, rng, {lo}, {hi}) returned; got "

@@ -4,11 +4,19 @@
     forward_post(unit)   after it
     backward_pre(unit)   before `unit` runs its backward
     backward_post(unit)  after it: the unit's parameter gradients are final for this pass
+    recompute_pre(unit)  before a checkpoint segment reruns `unit`'s forward in the backward
+                         (its parameters must be present again)
+    recompute_post(unit) after that rerun (its backward comes later in the same segment)
 
 The model fires these and never knows who listens, as with PyTorch's module hooks
 (`register_forward_pre_hook`, `register_full_backward_hook`). Data-parallel wrappers use
 them to launch gradient all-reduces as buckets fill, and ZeRO-3/FSDP to gather a unit's
 parameters just before it needs them and free them after.
+
+With checkpoint segments (GPTConfig(recompute="segments"), nn/segments.py) the backward of
+a segment of blocks lo..hi-1 fires backward_pre(blocks.hi-1), reruns the forwards of
+blocks lo..hi-1 between recompute_pre/recompute_post, then backpropagates through them:
+each block's backward_pre (hi-1's fired already), backward, backward_post.
 
 Units, as FSDP wraps modules: one per transformer block, `block_unit(i)` = "blocks.i", and
 the root, `ROOT` = "root", holding everything outside the blocks (embeddings, final
@@ -20,7 +28,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-EVENTS = ("forward_pre", "forward_post", "backward_pre", "backward_post")
+EVENTS = ("forward_pre", "forward_post", "backward_pre", "backward_post", "recompute_pre",
+          "recompute_post")
 ROOT = "root"  # the unit outside the blocks: forward_pre first, backward_post last
 
 

@@ -1,11 +1,13 @@
 """Analytical models: FLOPs, memory, time. They read numbers, never run a model."""
 
 from .flops import model_flops, model_flops_full_recompute, selective_recompute_extra_flops
-from .memory import activation_bytes_per_layer
+from .memory import (activation_bytes_per_layer, best_segment, segment_sizes,
+                     segments_activation_bytes, sqrt_rule)
 from .zero import (STAGE_NAMES, dp_comm_elements, flat_padding, format_memory_report,
                    memory_report, model_state_bytes, zero_figure1)
 
 __all__ = ["model_flops", "model_flops_full_recompute", "selective_recompute_extra_flops",
-           "activation_bytes_per_layer", "STAGE_NAMES", "model_state_bytes",
+           "activation_bytes_per_layer", "segment_sizes", "segments_activation_bytes",
+           "best_segment", "sqrt_rule", "STAGE_NAMES", "model_state_bytes",
            "dp_comm_elements", "flat_padding", "zero_figure1", "memory_report",
            "format_memory_report"]

@@ -15,9 +15,16 @@ fc1 linears, which are the whole LayerNorm outputs, and the two residual-dropout
     tensor + sequence parallel      s b h (34/t + 5 a s / (h t))
 and with sequence parallelism full recomputation keeps the input's 2 sbh / t.
 docs/tensor_parallel.md lists the terms.
+
+Checkpoint segments of k layers (Chen et al. 2016, nn/segments.py) keep each segment's
+input I (full recomputation's figure) and, in the backward, rerun one segment whose k
+layers keep everything (A, the "none" figure): at most (L/k - 1) I + k A for the blocks,
+smallest near k = sqrt(L I / A) (`segments_activation_bytes`, `best_segment`).
 """
 
 from __future__ import annotations
+
+import math
 
 
 def activation_bytes_per_layer(s: int, b: int, h: int, a: int, recompute: str = "none",
@@ -46,3 +53,40 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, recompute: str = 
     if recompute == "selective":
         return (between + inside) * s * b * h
     return (between + inside) * s * b * h + attention_core
+
+
+def segment_sizes(num_layers: int, segment: int) -> list[int]:
+    """The layers in each checkpoint segment: segment k each, the last shorter if k does
+    not divide L (one segment of L when k >= L)."""
+    if num_layers < 1 or segment < 1:
+        raise ValueError(f"num_layers = {num_layers} and segment = {segment} must both be "
+                         f"positive integers")
+    return [min(segment, num_layers - a) for a in range(0, num_layers, segment)]
+
+
+def segments_activation_bytes(num_layers: int, segment: int, layer: float,
+                              kept: float) -> float:
+    """max over segments m of  m I + k_m A: the most the blocks hold at once with checkpoint
+    segments of k = `segment` layers; (L/k - 1) I + k A when k divides L.
+
+    layer: A, the bytes a layer keeps when it keeps everything (activation_bytes_per_layer
+    with recompute="none"); kept: I, a segment's input (recompute="full"'s figure). The
+    maximum is in the backward of segment m, after its rerun: the inputs of the m segments
+    below it and its own k_m layers (its input inside its first layer's A). It covers the
+    forward too, where one layer at a time keeps everything. k = 1 is full recomputation:
+    (L - 1) I + A.
+    """
+    sizes = segment_sizes(num_layers, segment)
+    return float(max(m * kept + k * layer for m, k in enumerate(sizes)))
+
+
+def best_segment(num_layers: int, layer: float, kept: float) -> int:
+    """The k in 1..L with the smallest segments_activation_bytes (the smallest k on a tie):
+    near sqrt(L I / A), which is Chen et al.'s sqrt(L) only when A = I."""
+    return min(range(1, num_layers + 1),
+               key=lambda k: (segments_activation_bytes(num_layers, k, layer, kept), k))
+
+
+def sqrt_rule(num_layers: int, layer: float, kept: float) -> float:
+    """sqrt(L I / A): where (L/k - 1) I + k A is smallest over a real k."""
+    return math.sqrt(num_layers * kept / layer)

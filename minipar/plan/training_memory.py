@@ -14,6 +14,10 @@ category, for `minipar train`):
                     + s b (2 p h + p V + c + 24)   the head: ln_f and lm_head inputs,
                                    the logits, the log-sum-exp (c = 4, 8 for float64) and
                                    the int64 token ids, positions and targets
+                      with recomputation ("full", or "segments" of k layers) the larger of
+                      the forward's end, n · I + the head (n = ceil(l/k) kept inputs,
+                      I = p·sbh), and the backward's worst segment,
+                      16 sb (ids, positions) + max_m (m I + k_m A_layer) (memory.py)
 
 Ψ = GPTConfig.num_parameters(), n_max = the largest parameter's elements. Each figure is
 the peak of its category; the ledger's peak total is at most their sum (gradients fill as
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .memory import activation_bytes_per_layer
+from .memory import activation_bytes_per_layer, segment_sizes, segments_activation_bytes
 
 ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 MIXED = ("bfloat16", "float16")
@@ -47,10 +51,15 @@ class TrainingMemory:
 
 def training_memory(num_parameters: int, largest_parameter: int, micro_batch: int,
                     seq_len: int, num_layers: int, hidden: int, num_heads: int,
-                    vocab_size: int, dtype: str) -> TrainingMemory:
-    """The peaks of a run of the single-device loop (module docstring), AdamW, no dropout."""
+                    vocab_size: int, dtype: str, recompute: str = "none",
+                    recompute_segment: int = 1) -> TrainingMemory:
+    """The peaks of a run of the single-device loop (module docstring), AdamW, no dropout;
+    recompute "none", "full" or "segments" (of recompute_segment layers)."""
     if dtype not in ITEMSIZE:
         raise ValueError(f"dtype must be one of {sorted(ITEMSIZE)}, got {dtype!r}")
+    if recompute not in ("none", "full", "segments"):
+        raise ValueError(f"training_memory models recompute 'none', 'full' or 'segments', "
+                         f"got {recompute!r}")
     p = ITEMSIZE[dtype]
     psi, s, b, h, a, V, l = (num_parameters, seq_len, micro_batch, hidden, num_heads,
                              vocab_size, num_layers)
@@ -58,9 +67,17 @@ def training_memory(num_parameters: int, largest_parameter: int, micro_batch: in
     layer = activation_bytes_per_layer(s, b, h, a, act_bytes=p, dropout=False)
     c = 8 if dtype == "float64" else 4
     head = s * b * (2 * p * h + p * V + c + 3 * 8)
+    if recompute == "none":
+        activations = l * layer + head
+    else:  # "full" is segments of one layer
+        k = recompute_segment if recompute == "segments" else 1
+        kept = activation_bytes_per_layer(s, b, h, a, "full", act_bytes=p, dropout=False)
+        n = len(segment_sizes(l, k))
+        activations = max(n * kept + head,
+                          2 * 8 * s * b + segments_activation_bytes(l, k, layer, kept))
     return TrainingMemory(
         parameters=float(p * psi),
         gradients=float(p * psi + (4 * largest_parameter if mixed else 0)),
         optimizer_states=float(12 * psi if mixed else 2 * p * psi),
-        activations=float(l * layer + head),
+        activations=float(activations),
         attention_scores=float(l * p * a * s * s * b))

@@ -5,7 +5,7 @@ import pytest
 from minipar.cli import main
 from minipar.programs.incidents import INCIDENTS, get
 from minipar.programs.incidents import tp_across_nodes, zero3_recompute
-from minipar.plan import model_flops
+from minipar.plan import best_segment, model_flops, segments_activation_bytes
 from minipar.runtime.topology import Topology
 
 
@@ -37,13 +37,39 @@ def test_the_limit_brings_the_peak_below_zero2_and_both_fixes_keep_it_there(case
 
 
 @pytest.mark.timeout(120)
-def test_recomputing_every_second_block_saves_flops_not_memory(case_c):
-    """The seed's second fix, measured: blocks that do not recompute keep their
-    activations, so alone it raises the peak; what it buys is less recomputation."""
-    s = case_c[0]["scenarios"]
-    assert s["zero3_every2"]["total"] > s["zero3"]["total"]
-    assert s["zero3_every2"]["peak"]["activations"] > s["zero3"]["peak"]["activations"]
-    assert s["zero3_both"]["flops"] < s["zero3_limit"]["flops"]
+def test_segments_of_two_change_the_activations_by_the_formula(case_c):
+    """The seed's second fix, measured: every row's activation peak is the plan's formula
+    (plan/training_memory.py); segments of 2 keep L/2 inputs instead of L but rerun 2
+    layers at once, and lower the peak exactly when L > 2A/I, by (L/2 - 1) I + 2A minus
+    (L - 1) I + A; the FLOPs do not change; ZeRO-3 holds the segment's 2 blocks whole."""
+    result = case_c[0]
+    s, t, L = result["scenarios"], result["terms"], result["model"]["layers"]
+    for key, r in s.items():
+        assert r["peak"]["activations"] == r["planned_activations"], key
+    per, seg = s["zero3"]["peak"]["activations"], s["zero3_segments"]["peak"]["activations"]
+    I, A = t["I"], t["A"]
+    assert seg - per == segments_activation_bytes(L, 2, A, I) - segments_activation_bytes(
+        L, 1, A, I) == (L // 2 - 1) * I + 2 * A - ((L - 1) * I + A)
+    assert (seg < per) == (L > 2 * A / I) and t["threshold"] == 2 * A / I
+    assert s["zero3_both"]["peak"]["activations"] == seg
+    assert len({r["flops"] for r in s.values()}) == 1  # every layer rerun once, any k
+    cfg = zero3_recompute.MODEL
+    block = cfg.num_parameters() - cfg.with_(num_layers=L - 1).num_parameters()
+    assert block % zero3_recompute.DP == 0  # no padding: a whole block is 2 bytes a weight
+    assert s["zero3_segments"]["peak"]["parameters"] - s["zero3"]["peak"]["parameters"] \
+        == 2 * block
+
+
+def test_where_segments_of_two_help_and_the_best_segment():
+    """kA/I: 34 layers for this model's A = 17 I; below it (the lesson's 8 layers) segments
+    of 2 raise the peak; the best k is near sqrt(L I / A), not sqrt(L)."""
+    m = zero3_recompute.MODEL
+    for L in (8, 34, 40):
+        t = zero3_recompute.segment_terms(L, m.seq_len, 1, m.hidden, m.num_heads)
+        assert t["A"] == 17 * t["I"] and t["threshold"] == 34
+        assert (t["segments"] < t["per_layer"]) == (L > 34)
+        assert t["best"] == best_segment(L, t["A"], t["I"]) == (2 if L > 34 else 1)
+        assert t["sqrt_rule"] == pytest.approx((L / 17) ** 0.5)
 
 
 @pytest.mark.timeout(120)
@@ -53,6 +79,10 @@ def test_the_report_prints_every_scenario_with_its_ratio(case_c):
     for r in result["scenarios"].values():
         assert r["label"] in text and f"{100 * r['vs_zero2']:.1f} %" in text
     assert result["model"]["dp"] == 4 and result["model"]["dtype"] == "bfloat16"
+    for key in ("zero3", "zero3_segments"):  # the ledger's peak and the formula's, printed
+        r = result["scenarios"][key]
+        assert f"{r['peak']['activations']:>10,} B{r['planned_activations']:>10,.0f} B" in text
+    assert "they lower it" in text and "L > 2A/I = 34 layers; this model has 40" in text
 
 
 def test_incidents_are_listed_by_name():

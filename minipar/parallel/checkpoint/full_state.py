@@ -26,7 +26,7 @@ from ... import files
 from ...files import CheckpointError
 from ...nn.config import GPTConfig
 from .consolidated import read_consolidated
-from .layout import ARCHITECTURE, Placement, placement, unwrap
+from .layout import ARCHITECTURE, RETIRED, Placement, placement, unwrap
 from .sharded import read_sharded
 
 PathLike = Union[str, os.PathLike]
@@ -102,7 +102,7 @@ def check_config(where: PathLike, meta: dict, cfg, placements: dict[str, Placeme
     if saved is None or not isinstance(cfg, GPTConfig):
         return  # a checkpoint or a model without a GPTConfig: shapes are all there is
     try:
-        theirs = GPTConfig(**saved)
+        theirs = GPTConfig(**{k: v for k, v in saved.items() if k not in RETIRED})
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise CheckpointError(f"{where}: the saved model config {saved} is not a valid "
                               f"GPTConfig ({e}); the checkpoint is damaged") from None

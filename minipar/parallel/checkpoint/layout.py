@@ -37,14 +37,17 @@ KIND = "minipar-dp-checkpoint"  # meta["kind"] of both forms
 #: a file's coordinate, slowest first; files are numbered in this order
 COORDINATE = ("pp", "tp", "dp_shard")
 #: GPTConfig fields that make two models compute different functions; the others (seed,
-#: init_std, dropout, recompute, recompute_every) may change between a save and a load,
+#: init_std, dropout, recompute, recompute_segment) may change between a save and a load,
 #: and dtype is checked on its own (the state's precision). The seed also draws the dropout
 #: masks: with dropout on, a run resumes exactly only under the seed it was saved with
 ARCHITECTURE = ("vocab_size", "seq_len", "hidden", "num_heads", "num_layers", "ffn_hidden",
                 "tie_embeddings", "gelu", "layernorm_eps")
 #: the GPTConfig fields a load lets differ from the saved ones (every other field is in
 #: ARCHITECTURE or is dtype; a test keeps the three lists covering GPTConfig)
-MAY_CHANGE = ("seed", "init_std", "dropout", "recompute", "recompute_every")
+MAY_CHANGE = ("seed", "init_std", "dropout", "recompute", "recompute_segment")
+#: fields earlier versions of GPTConfig saved and this one no longer has; a load ignores them
+#: (recompute_every: "only every k-th block recomputes", replaced by checkpoint segments)
+RETIRED = ("recompute_every",)
 
 
 @dataclass(frozen=True)

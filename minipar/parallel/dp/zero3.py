@@ -9,6 +9,9 @@ each use a unit's weights are all-gathered and freed again:
     forward_post(u):  free w_u                               (reshard_after_forward)
     backward_pre(u):  w_u = all_gather(w_u shard) again      its backward needs them too
     backward_post(u): s = reduce_scatter(g_u, "avg")[r]; free w_u and g_u
+    recompute_pre(u): w_u = all_gather(w_u shard)           checkpoint segments only: a
+                      segment's backward reruns its blocks' forwards first, so its k
+                      blocks are whole together until each one's backward_post
 
 The root unit (embeddings, final LayerNorm, head) is gathered at the start of the forward and
 stays whole until the end of the backward, as FSDP's root does: its backward comes right
@@ -20,7 +23,8 @@ and step:
     reduce-scatters         (N-1)/N Psi'
     total                   3 (N-1)/N Psi' - (N-1)/N Psi'_root     elements
 
-i.e. ZeRO's 3Psi (1.5x DDP's 2Psi) with the root's backward all-gather saved. With
+i.e. ZeRO's 3Psi (1.5x DDP's 2Psi) with the root's backward all-gather saved (checkpoint
+segments move some backward gathers to recompute_pre, not adding any). With
 reshard_after_forward=False units stay whole from their forward to their backward: no
 backward all-gathers (2Psi of traffic, like ZeRO-2) for more live memory.
 
@@ -111,7 +115,8 @@ class Zero3Engine(ZeroEngine):
 
     def _hooks(self) -> dict:
         return {"forward_pre": self._forward_pre, "forward_post": self._forward_post,
-                "backward_pre": self._backward_pre, "backward_post": self._backward_post}
+                "backward_pre": self._backward_pre, "backward_post": self._backward_post,
+                "recompute_pre": self._recompute_pre}
 
     # ---- the weights: a shard, gathered around each use ----------------------------------------
     def _place_parameters(self, u: UnitState) -> None:
@@ -175,6 +180,11 @@ class Zero3Engine(ZeroEngine):
         if self.backward_prefetch:
             for name in self._ahead(self._backward_order, unit):
                 self._prefetch(name)
+
+    def _recompute_pre(self, unit: str) -> None:
+        """A checkpoint segment reruns `unit`'s forward inside the backward (nn/segments.py):
+        its weights must be whole again, and stay so until its backward_post."""
+        self._gather(self.state[unit])
 
     def _backward_post(self, unit: str) -> None:
         super()._backward_post(unit)  # reduce-scatter (and, at the root, finish them all)

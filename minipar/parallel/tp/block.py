@@ -27,7 +27,8 @@ single-device mask (replicated) or, with sequence parallelism, this rank's seque
 Activation recomputation is nn.Block's, which ParallelTransformerLayer inherits:
 "selective" keeps Q, K, V and recomputes the attention core; "full" keeps the layer's input
 and a copy of the generator, and runs the layer's forward — collectives included — again
-in backward.
+in backward. Checkpoint segments of several layers (GPTConfig(recompute="segments")) are
+the model's (nn/segments.py): the layers run in mode "none" and a segment reruns them all.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ class TensorParallelGPT(GPT):
 
     def build_block(self, i: int) -> ParallelTransformerLayer:
         return ParallelTransformerLayer(block_unit(i), self.cfg, self.group,
-                                        self.sequence_parallel, self.cfg.block_recompute(i))
+                                        self.sequence_parallel, self.cfg.layer_recompute)
 
     def build_ln_f(self) -> SequenceParallelLayerNorm:
         cfg = self.cfg

@@ -20,7 +20,7 @@ INCIDENTS: dict[str, tuple[ModuleType, str]] = {
     "a": (tp_across_nodes, "tensor parallelism across nodes puts its all-reduces on "
                            "InfiniBand (keep TP inside the node, DP/PP across)"),
     "c": (zero3_recompute, "ZeRO-3 + activation checkpointing peaks above ZeRO-2 "
-                           "(limit_all_gathers and coarser checkpointing)"),
+                           "(limit_all_gathers; checkpoint segments of 2 layers)"),
 }
 
 

@@ -221,6 +221,30 @@ def test_a_model_with_another_architecture_is_refused_naming_the_field(dpkit, tm
     load(cfg.with_(seed=7, dropout=0.2, recompute="full"))
 
 
+@pytest.mark.timeout(120)
+def test_checkpoint_segments_round_trip_in_the_config_and_resume_anywhere(dpkit, tmp_path):
+    """A ZeRO-3 dp 2 x tp 2 run with segments of 2 of 3 blocks saves its config whole
+    (GPTConfig(**index config) is the run's); any recomputation loads it and trains on like
+    the run that kept everything; an index of an earlier version, with recompute_every,
+    still loads."""
+    base = config(dpkit, num_layers=3, dropout=0.1, seed=5)
+    cfg = base.with_(recompute="segments", recompute_segment=2)
+    batches = dpkit.global_batches(base, steps=4, global_batch=2, seed=5)
+    want, want_state = session(dpkit, base, (None, None), batches)
+    layout = (ParallelDims(dp_shard=2, tp=2), 3)
+    first, _ = session(dpkit, cfg, layout, batches[:2], sp=True, save_to=tmp_path)
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert type(cfg)(**index["meta"]["config"]) == cfg
+    for other, where in [(base, (None, None)), (base.with_(recompute="full"), layout),
+                         (cfg.with_(recompute_segment=3), (ParallelDims(dp_shard=2), 1))]:
+        rest, state = session(dpkit, other, where, batches[2:], load_from=tmp_path)
+        dpkit.assert_close(np.concatenate([first, rest]), want, what=f"losses {other}")
+        assert_continues(dpkit, state, want_state)
+    index["meta"]["config"]["recompute_every"] = 2
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    session(dpkit, base, (None, None), [], load_from=tmp_path)
+
+
 # ---- who writes what ---------------------------------------------------------------------------
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("dims, engine, coordinates", [

@@ -1,7 +1,8 @@
 """Tensor (and sequence) parallelism is one device: a run built by `parallelize` — tp ranks
 alone, or a dp x tp mesh under DDP, ZeRO-1, 2 or 3 or any FSDP strategy (HYBRID_SHARD on
 dp_shard 2 x dp_replicate 2 x tp 2) — trains exactly like one GPT on the whole global
-batch, dropout included.
+batch, dropout included; with checkpoint segments of any size too, against the one GPT
+that keeps everything.
 
 Each example draws tp in {1, 2, 3, 4}, heads, head size, ffn and vocabulary sizes that
 divide by it, a sequence length (divisible by tp under sequence parallelism), sequence
@@ -160,6 +161,51 @@ def test_tensor_parallel_trains_like_one_device(dpkit, engine, data):
     losses, res = tp_run(cfg, batches, dp, tp, stage=stage, strategy=strategy,
                          replicate=replicate, sequence_parallel=sp, micro_batches=k,
                          max_grad_norm=max_norm, opt=dpkit.OPT)
+    check(dpkit, cfg, batches, losses, res, ref)
+
+
+SEGMENT_ENGINES = [0, 1, 3, ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("engine", SEGMENT_ENGINES, ids=lambda e: getattr(e, "name", f"zero{e}"))
+@settings(max_examples=8)
+@given(data=st.data())
+def test_checkpoint_segments_train_like_one_device_keeping_everything(dpkit, engine, data):
+    """recompute="segments" of k = 1 .. L + 1 blocks through `parallelize` (DDP, ZeRO-1,
+    ZeRO-3, FSDP FULL_SHARD and HYBRID_SHARD, tp with or without SP, dropout on or off)
+    against one GPT with recompute="none": a segment's rerun gathers its k blocks under
+    ZeRO-3 and redraws the global batch's masks in every layout."""
+    tp = data.draw(st.sampled_from([2, 1]), "tp")
+    stage, strategy = (engine, None) if isinstance(engine, int) else (None, engine)
+    replicate = 2 if strategy is ShardingStrategy.HYBRID_SHARD else 1
+    dp = 4 if replicate > 1 else data.draw(st.sampled_from([2, 1]), "dp")
+    sp = data.draw(st.booleans(), "sequence_parallel")
+    dropout = data.draw(st.sampled_from([0.0, 0.2]), "dropout")
+    layers = data.draw(st.integers(2, 4), "layers")
+    k = data.draw(st.integers(1, layers + 1), "blocks per segment")
+    seed = data.draw(st.integers(0, 2**16), "seed")
+    event(f"layers={layers} k={k} dp={dp} tp={tp}")
+    cfg = tp_config(dpkit, tp, num_layers=layers, dropout=dropout, seed=seed)
+    batches = dpkit.global_batches(cfg, steps=3, global_batch=dp, seed=seed)
+    ref = dpkit.reference_run(cfg, batches, max_grad_norm=0.05)
+    losses, res = tp_run(cfg.with_(recompute="segments", recompute_segment=k), batches, dp,
+                         tp, stage=stage, strategy=strategy, replicate=replicate,
+                         sequence_parallel=sp, max_grad_norm=0.05, opt=dpkit.OPT)
+    check(dpkit, cfg, batches, losses, res, ref)
+
+
+@pytest.mark.parametrize("engine", [3, ShardingStrategy.FULL_SHARD], ids=["zero3", "FULL_SHARD"])
+@pytest.mark.parametrize("k", [2, 3])
+def test_segments_of_several_blocks_on_a_2x2_mesh_under_zero3(dpkit, engine, k):
+    """5 blocks in segments of 2 (2, 2, 1) or 3 (3, 2) on dp 2 x tp 2 with SP and dropout:
+    each rerun needs blocks whose weights ZeRO-3 freed after their forward."""
+    cfg = tp_config(dpkit, 2, num_layers=5, dropout=0.1, seed=k)
+    batches = dpkit.global_batches(cfg, steps=3, global_batch=2, seed=k)
+    ref = dpkit.reference_run(cfg, batches)
+    stage, strategy = (engine, None) if isinstance(engine, int) else (None, engine)
+    losses, res = tp_run(cfg.with_(recompute="segments", recompute_segment=k), batches, 2, 2,
+                         stage=stage, strategy=strategy, sequence_parallel=True, opt=dpkit.OPT)
     check(dpkit, cfg, batches, losses, res, ref)
 
 
