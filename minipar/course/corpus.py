@@ -19,7 +19,9 @@ exactly once. A wrong case must make its exercise, and every exercise in `also`,
 reported failed or raised), and every string of `hint` must be in its exercise's report.
 Kinds: "misconception" — a common wrong idea — and "small-only" — right on small sizes but
 wrong in general; every exercise needs one of each. A right case is another correct
-solution: the whole lesson must pass with it. `minipar lessons corpus NN` runs the cases;
+solution: every exercise it changes must pass with it (the solution passes the others; a
+case that edits outside the answer regions grades them all). `minipar lessons corpus NN`
+runs the cases;
 CI runs every lesson's (tests/course/test_corpus.py).
 """
 
@@ -31,8 +33,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 from .catalog import Lesson
-from .exercises import exercises_in
-from .grading import GradeReport, grade
+from .exercises import BEGIN, END, exercises_in
+from .grading import GradeReport, grade, load_implementation
 
 KINDS = ("misconception", "small-only")
 Edits = tuple[tuple[str, str], ...]
@@ -130,20 +132,63 @@ class CaseResult:
                 else f"right: {c.title}")
 
 
+_graders: dict[tuple[Path, int], object] = {}
+
+
+def _grader(lesson: Lesson):
+    """The lesson's grader module, loaded once per version of the file: its cached
+    references (one device's gradients, say) serve every case."""
+    path = lesson.path("grader")
+    key = (path.resolve(), path.stat().st_mtime_ns)
+    if key not in _graders:
+        _graders[key] = load_implementation(path)
+    return _graders[key]
+
+
 def run_case(lesson: Lesson, case: Union[Wrong, Right], directory: Path,
              seconds_per_check: float = 30.0) -> CaseResult:
-    """Grade the patched solution (a wrong case: only its failing exercises) and say whether
-    it did what the case claims."""
+    """Grade the patched solution (a wrong case: only its failing exercises; a right one:
+    the exercises it changes) and say whether it did what the case claims."""
     text = patched(lesson.path("solution").read_text(encoding="utf-8"), case)
     stem = "answer_" + "".join(ch if ch.isalnum() else "_" for ch in case.title.lower())[:40]
     path = Path(directory) / f"{stem}.py"
     path.write_text(text, encoding="utf-8")
     lines: list[str] = []
-    only = sorted(case.failing) if isinstance(case, Wrong) else None
+    only = sorted(case.failing) if isinstance(case, Wrong) else touched(
+        lesson.path("solution").read_text(encoding="utf-8"), text)
     report = grade(lesson, path, out=lines.append, seconds_per_check=seconds_per_check,
-                   only=only)
+                   only=only, grader=_grader(lesson))
     shown = "\n".join(lines)
     return CaseResult(case, *_verdict(case, report), shown)
+
+
+def regions(solution: str) -> tuple[dict[str, str], str]:
+    """({exercise number: the text of its answer regions}, the text outside every region)."""
+    inside: dict[str, list[str]] = {}
+    outside: list[str] = []
+    current = None
+    for line in solution.splitlines(keepends=True):
+        begin, end = BEGIN.match(line.rstrip("\n")), END.match(line.rstrip("\n"))
+        if begin:
+            current = begin["what"].split(":")[0].split()[1]
+            inside.setdefault(current, [])
+        elif end:
+            current = None
+        elif current is None:
+            outside.append(line)
+        else:
+            inside[current].append(line)
+    return {k: "".join(v) for k, v in inside.items()}, "".join(outside)
+
+
+def touched(solution: str, patched_text: str) -> Optional[list[str]]:
+    """The exercises whose answer regions a right case changes: grading only those is
+    enough, since the solution passes the others (tests/test_course.py). None (grade them
+    all) when the case changes anything outside the regions, or the regions themselves."""
+    (old, old_out), (new, new_out) = regions(solution), regions(patched_text)
+    if old_out != new_out or old.keys() != new.keys():
+        return None
+    return sorted(k for k in old if old[k] != new[k])
 
 
 def _verdict(case: Union[Wrong, Right], report: GradeReport) -> tuple[bool, str]:

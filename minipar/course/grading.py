@@ -175,16 +175,17 @@ TIME_LIMIT = 30.0
 
 def grade(lesson: Union[str, Lesson], impl: Union[str, Path] = "exercise",
           out: Callable[[str], None] = print, seconds_per_check: float = TIME_LIMIT,
-          only: Optional[Iterable[str]] = None) -> GradeReport:
+          only: Optional[Iterable[str]] = None, grader=None) -> GradeReport:
     """Run lesson's grader on `impl`; print each exercise's outcome through `out`. A check
     that runs longer than `seconds_per_check` is stopped and reported. only: grade these
-    exercise numbers ("1.3", ...) and skip the others."""
+    exercise numbers ("1.3", ...) and skip the others. grader: the lesson's grader module
+    already loaded (the corpus grades many answers with one, keeping its cached references)."""
     lesson = lesson if isinstance(lesson, Lesson) else find_lesson(lesson)
     if not (isinstance(seconds_per_check, (int, float)) and seconds_per_check > 0):
         raise ValueError(f"seconds_per_check is a positive number of seconds, got "
                          f"{seconds_per_check!r}")
     path = _resolve(lesson, impl)
-    grader = load_implementation(lesson.path("grader"))
+    grader = grader if grader is not None else load_implementation(lesson.path("grader"))
     module = load_implementation(path)
     report = GradeReport(lesson, path)
     checks = checks_of(grader)

@@ -10,7 +10,8 @@ import pytest
 
 from minipar.course import all_lessons
 from minipar.course.catalog import Lesson
-from minipar.course.corpus import corpus_of, gaps, patched, right, run_case, run_corpus, wrong
+from minipar.course.corpus import (corpus_of, gaps, patched, right, run_case, run_corpus,
+                                   touched, wrong)
 
 LESSONS = all_lessons()
 CASES = [pytest.param(lesson, case, id=f"{lesson.number}:{getattr(case, 'exercise', 'right')}:"
@@ -121,3 +122,12 @@ def test_the_corpus_command_reports_a_stale_patch_as_that_case(tiny_lesson, tmp_
     assert [r.ok for r in results] == [False, True]
     assert lines[0] == "  [FAIL] 9.1 misconception: stale"
     assert "its old text occurs 0 times in solution.py" in lines[1]
+
+
+def test_a_right_case_grades_the_exercises_it_changes():
+    two = SOLUTION + SOLUTION.replace("double", "triple").replace("9.1", "9.2").replace(
+        "2 * x", "3 * x")
+    assert touched(two, two.replace("return 3 * x", "return x + x + x")) == ["9.2"]
+    assert touched(two, two.replace('"""2x."""', '"""Twice x."""')) is None  # outside
+    assert touched(two, two.replace("return 2 * x", "return x + x").replace(
+        "return 3 * x", "return x * 3")) == ["9.1", "9.2"]

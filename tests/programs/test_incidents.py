@@ -1,5 +1,8 @@
 """The incident cases reproduce their mechanism, on the numbers they return."""
 
+import contextlib
+import io
+
 import pytest
 
 from minipar.cli import main
@@ -11,8 +14,21 @@ from minipar.runtime.topology import Topology
 
 @pytest.fixture(scope="module")
 def case_c():
-    lines = []
-    return zero3_recompute.run(out=lines.append), lines
+    """`minipar incident c`, run once through the command: (the numbers its run returned,
+    the lines it printed, its exit status)."""
+    returned = []
+    real = zero3_recompute.run
+
+    def recording(*args, **kwargs):
+        returned.append(real(*args, **kwargs))
+        return returned[-1]
+
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp_, contextlib.redirect_stdout(out):
+        mp_.setattr(zero3_recompute, "run", recording)
+        code = main(["incident", "c"])
+    assert len(returned) == 1, "minipar incident c no longer calls zero3_recompute.run"
+    return returned[0], out.getvalue().splitlines(), code
 
 
 @pytest.mark.timeout(120)
@@ -74,7 +90,7 @@ def test_where_segments_of_two_help_and_the_best_segment():
 
 @pytest.mark.timeout(120)
 def test_the_report_prints_every_scenario_with_its_ratio(case_c):
-    result, lines = case_c
+    result, lines, _ = case_c
     text = "\n".join(lines)
     for r in result["scenarios"].values():
         assert r["label"] in text and f"{100 * r['vs_zero2']:.1f} %" in text
@@ -93,9 +109,10 @@ def test_incidents_are_listed_by_name():
 
 
 @pytest.mark.timeout(120)
-def test_cli_runs_incident_c(capsys):
-    assert main(["incident", "c"]) == 0
-    out = capsys.readouterr().out
+def test_cli_runs_incident_c(case_c):
+    _, lines, code = case_c
+    out = "\n".join(lines)
+    assert code == 0
     assert "Incident C" in out and "limit_all_gathers" in out and "vs ZeRO-2" in out
 
 
