@@ -26,7 +26,8 @@ engine reduces the gradients accumulated over the micro-batches, or an optimizer
 Records. Every F and B appears in this rank's trace as one "compute" event drawn around
 the kernels it ran (name "F" or "B", label "2F0", meta: stage, kind, micro-batch, the
 ledger's activation bytes after it); its flops are 0, so FLOP counts, which sum the
-kernels, stay right. The ledger holds each in-flight micro-batch's activations: its
+kernels, stay right (a sum of compute durations must pick one of the two: kernels or
+actions). The ledger holds each in-flight micro-batch's activations: its
 forward's `Saved` records, charged at F and released at B. `last_step` holds the times.
 Dropout masks are the single device's (stage.py's DropoutStream).
 """
@@ -120,20 +121,16 @@ class PipelineRunner:
             p.free_grad()
 
     # ---- one step -------------------------------------------------------------------------
-    def step(self, ids: np.ndarray, targets: np.ndarray,
-             dropout_batch: Optional[int] = None) -> Optional[float]:
+    def step(self, ids: np.ndarray, targets: np.ndarray) -> Optional[float]:
         """Forward and backward of the global batch ids, targets: int [s, B] (the same on
         every rank), cut into m micro-batches; gradients accumulate in the parameters.
-        Returns the mean micro-batch loss on the rank holding the last stage, else None.
-        dropout_batch: the batch the single-device generator draws over per micro-batch
-        (default B/m; a data-parallel composition passes its global micro-batch)."""
+        Returns the mean micro-batch loss on the rank holding the last stage, else None."""
         ctx = current()
         m, S = self.info.microbatches, self.info.stages
         micro = split_microbatches(ids, targets, m)  # m x ([s, B/m], [s, B/m])
         seq, b = micro[0][0].shape
-        streams = {id(st.model): DropoutStream(st.model.dropout_generator, st.model.cfg, seq,
-                                               dropout_batch or b, m)
-                   for st in self.stages.values()}
+        streams = {id(st.model): DropoutStream(st.model.dropout_generator, st.model.cfg,
+                                               seq, b, m) for st in self.stages.values()}
         inputs: dict = {}    # (stage, i) -> its input activations [s, b, h]
         grads: dict = {}     # (stage, i) -> the gradient of its output [s, b, h]
         outgoing: dict = {}  # (stage, i, kind) -> the tensor a SEND moves
@@ -142,7 +139,7 @@ class PipelineRunner:
         for a, msg in zip(self.actions, self._messages):
             key = (a.stage, a.microbatch)
             if a.kind is RECV_F or a.kind is RECV_B:
-                x = irecv(self.group.ranks[msg.src], self.group, msg.tag).wait()
+                x = irecv(self.group.ranks[msg.src], self.group, msg.tag).wait()  # [s, b, h]
                 (inputs if a.kind is RECV_F else grads)[key] = x
             elif a.kind is SEND_F or a.kind is SEND_B:
                 x = outgoing.pop((a.stage, a.microbatch, a.kind))

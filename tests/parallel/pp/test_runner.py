@@ -167,6 +167,40 @@ def test_tied_embeddings_are_summed_over_the_first_and_last_stages_ranks(name, p
     assert not any(e.name == "all_reduce" for r in untied for e in r[1])
 
 
+def test_two_pipelines_side_by_side_in_pp_groups_and_grads_ready_after_the_sum():
+    """World 4, pp groups [0, 2] and [1, 3] (as a dp x pp mesh will make them): each trains
+    like one device, its tied copies summed over its own embedding group, before
+    grads_ready() sees the gradients."""
+    cfg = CFG.with_(num_layers=2, tie_embeddings=True)
+    actions = schedule("1f1b", 2, 2)
+    batches = [batch(cfg, 2, seed=s) for s in (1, 2)]  # one per pipeline
+
+    def program(ctx):
+        pipe, pp_rank = ctx.rank % 2, ctx.rank // 2
+        group = mp.new_group([pipe, pipe + 2], "pp")
+        model = GPT(cfg)
+        seen = []
+        runner = PipelineRunner(build_stages(model, placement(actions), pp_rank), actions,
+                                group, grads_ready=lambda: seen.append(
+                                    model.wte.weight.grad.copy()))
+        loss = runner.step(*batches[pipe])
+        return loss, seen, model.wte.weight.grad, runner.embedding_group
+
+    res = mp.launch(program, 4)
+    for pipe in (0, 1):
+        first, last = res[pipe], res[pipe + 2]
+        assert first[3].ranks == (pipe, pipe + 2)
+        with mp.device():
+            ref = GPT(cfg)
+            ids, tgt = batches[pipe]
+            want = np.mean([ref.loss_and_grad(ids[:, k:k + 2], tgt[:, k:k + 2],
+                                              loss_scale=0.5) for k in (0, 2)])
+        assert first[0] is None and abs(last[0] - want) <= 1e-12 * want
+        for r in (first, last):
+            assert len(r[1]) == 1 and np.array_equal(r[1][0], r[2])  # after the sum
+            np.testing.assert_allclose(r[2], ref.wte.weight.grad, rtol=1e-12, atol=1e-15)
+
+
 def test_a_deadlock_is_found_before_anything_is_sent():
     lowered = lower(schedule("gpipe", 2, 1))  # rank 0: 0F0 0SEND_F0 0RECV_B0 0B0
     lowered[0] = [Action(0, RECV_B, 0)] + [a for a in lowered[0] if a.kind != RECV_B]
