@@ -30,7 +30,7 @@ from minipar.data import split_data_parallel, split_microbatches
 from minipar.nn import GPT, GPTConfig
 from minipar.optim import SGD, AdamW, clip_coef, global_grad_norm
 from minipar.parallel import DistributedDataParallel, accumulate_gradients
-from minipar.runtime.cost import ring_all_reduce_time
+from minipar.runtime.cost import collective_cost, ring_all_reduce_time
 from minipar.viz.timeline import measure, render_timeline
 
 MIB = 2**20  # bucket_cap_mb counts MiB, as PyTorch does
@@ -315,11 +315,38 @@ print(f"backward time = all-reduce bandwidth time at T* = (N−1)/N · peak/β =
       f"{bw / 1e9:.0f} GB/s); this run has {tokens_per_rank:,}")
 
 # %% [markdown]
-# Below T* tokens per rank, gradient communication is longer than the backward and can
-# only be partly hidden; well above it, buckets hide nearly all of it. Across nodes (50
-# GB/s InfiniBand instead of 450 GB/s NVLink) T* is about nine times larger. That is why
-# large runs keep the per-rank batch large, and why gradient accumulation (next) helps: k
-# micro-batches give k times the compute per all-reduce.
+# That T* holds for N = 2 only. The factor (N−1)/N is ½ at N = 2 and tends to 1, and once
+# the group leaves the node the gradients cross InfiniBand. Below, T* for a 7B-parameter
+# model (large enough that the latencies add less than 1 %) from the cost model the
+# simulated clock uses: T* = (all-reduce time of its 2Ψ bytes) / (backward time of one
+# token, 4Ψ/peak), on one node of N GPUs, on nodes of 8 (where minipar's all-reduce is
+# the hierarchical one: reduce-scatter in the node, all-reduce across, all-gather in the
+# node), and on nodes of one GPU each (a flat ring over InfiniBand).
+
+# %%
+PSI_7B = 7e9
+layouts = {"1 node of 2": (1, 2), "1 node of 4": (1, 4), "1 node of 8": (1, 8),
+           "2 nodes of 8": (2, 8), "8 nodes of 8": (8, 8), "64 nodes of 8": (64, 8),
+           "2 nodes of 1": (2, 1), "8 nodes of 1": (8, 1)}
+t_stars = {}  # layout -> T*, tokens per rank
+for label, (nodes, per_node) in layouts.items():
+    cluster = mp.Topology.nodes(nodes, gpus_per_node=per_node)
+    cost = collective_cost("all_reduce", 2 * PSI_7B, range(nodes * per_node), cluster)
+    t_stars[label] = cost.seconds * cluster.device.peak("bfloat16") / (4 * PSI_7B)
+    print(f"  N = {nodes * per_node:>3} ({label:<13}) {cost.algorithm:<12} "
+          f"T* = {t_stars[label]:6,.0f} tokens per rank")
+
+# %% [markdown]
+# Inside a node T* rises from 1,099 tokens at N = 2 to 1,924 at N = 8, and can never pass
+# peak/β ≈ 2,198 however many GPUs share the NVLink. Across nodes of 8, InfiniBand carries
+# 1/8 of the gradient from each GPU: T* is 3,160 at 16 GPUs and creeps up to 4,380 at 512,
+# toward twice the NVLink limit (about 4,400). Without an NVLink domain to reduce in
+# first, a ring over InfiniBand needs 9,890 tokens at N = 2 (nine times the NVLink figure,
+# the bandwidth ratio) and 17,310 at N = 8. Below T* tokens per rank, gradient
+# communication is longer than the backward and can only be partly hidden; well above
+# it, buckets hide nearly all of it. That is why large runs keep the per-rank batch large,
+# and why gradient accumulation (next) helps: k micro-batches give k times the compute
+# per all-reduce.
 #
 # ## 5. Gradient accumulation and the scaling trap
 #
@@ -418,6 +445,67 @@ for use_no_sync in (True, False):
 # The gradient is right either way; without `no_sync` every micro-batch pays a full
 # all-reduce (k times the traffic), with it one all-reduce per bucket per step, whatever k.
 #
+# ## 6. A step on a budget
+#
+# Exercise 2.5 hands you the levers of this lesson and two budgets, and grades what the
+# ledger and the clock measure, not a formula. The setting: a node of 4 H100s, laid out
+# as a 2 × 2 mesh; your data-parallel group is one of its dimensions (the grader tries
+# both), and the other group takes its own step beside yours. The model is a float64 GPT
+# (so your gradients can be checked against one device's to 1e-10), with h = 128 and 4
+# blocks. Each rank of your group has 24 sequences of 32 tokens (the grader also tries
+# 16, which fit one forward). On an H100 float64 runs at 67 TFLOP/s and each gradient is
+# 8 bytes: T* (section 4) for this dtype, from the same cost model:
+
+# %%
+budget_cfg = GPTConfig(vocab_size=64, seq_len=32, hidden=128, num_heads=4, num_layers=4)
+PER_RANK, MAX_SEQUENCES = 24, 16  # sequences per rank; at most this many in one forward
+EXPOSED_BUDGET = 9.5 * US  # how much longer than its compute the step may last
+node = mp.Topology.nodes(1, gpus_per_node=4)
+fp64_ar = collective_cost("all_reduce", 8 * PSI_7B, range(2), node).seconds  # ranks 0, 1
+t_star_fp64 = fp64_ar * node.device.peak("float64") / (4 * PSI_7B)
+print(f"float64, N = 2 in a node: T* = {t_star_fp64:,.0f} tokens per rank; "
+      f"exercise 2.5 has {PER_RANK * budget_cfg.seq_len:,}")
+budget_ids, budget_targets = rng.integers(0, budget_cfg.vocab_size,
+                                          (2, budget_cfg.seq_len, 2 * PER_RANK))  # [s, 48]
+
+
+def naive_step(ctx):
+    """DDP with the default bucket, the whole batch in one forward: (step − compute,
+    peak activations)."""
+    model = GPT(budget_cfg)
+    ddp = DistributedDataParallel(model, AdamW, bucket_cap_mb=25.0)
+    ctx.ledger.reset_peak()
+    model.loss_and_grad(*split_data_parallel(budget_ids, budget_targets, ctx.rank, 2))
+    ddp.full_grads()
+    first = min(e.start for e in ctx.trace.of("compute"))
+    t = measure(ctx.trace.events, ctx.world_size, start=first)[ctx.rank]
+    return t.window - t.compute, ctx.ledger.peak("activations")
+
+
+naive_over, naive_peak = mp.launch(naive_step, 2, topology=topo)[0]  # one group, NVLink
+activation_budget = naive_peak * MAX_SEQUENCES / PER_RANK  # every activation has a batch dim
+print(f"budgets: activations {activation_budget / MIB:.2f} MiB (what {MAX_SEQUENCES} "
+      f"sequences hold), step − compute {EXPOSED_BUDGET / US:.1f} µs")
+print(f"DDP's defaults, all {PER_RANK} sequences at once: activations {naive_peak / MIB:.2f} "
+      f"MiB, step − compute {naive_over / US:.2f} µs")
+
+# %% [markdown]
+# The step that ignores both budgets holds the activations of all 24 sequences and
+# leaves its whole all-reduce exposed. (Every tensor a forward saves has a batch
+# dimension, so the ledger's activations are proportional to the sequences: 16 hold
+# 16/24 of what 24 hold.) Your `budgeted_step(model, ids, targets, group,
+# max_sequences)` must fill every `p.grad` with the gradient of the group's whole batch
+# (as 2.1 would leave it), never hold more than the activations of 16 sequences, and
+# finish at most 9.5 µs after its compute would alone (the window runs from the first
+# forward to the last event, so communication hidden under compute costs nothing, and
+# compute added to hide it does). The levers: `bucket_cap_mb`; how many micro-batches,
+# of what sizes, in what order; `no_sync()`; or no engine at all, your own all-reduces
+# launched from `model.hooks` (DDP's `backward_post`). Think first about which
+# all-reduces can still overlap anything once the last backward begins, and what a
+# bucket costs besides its bytes; then measure with `measure` as section 4 does. There
+# is more than one way in, and both budgets are tight enough that the first guess may
+# not be.
+#
 # ## Exercises
 #
 # Open `exercise.py` in this directory, replace each `raise NotImplementedError(...)` with
@@ -435,6 +523,15 @@ for use_no_sync in (True, False):
 # - **Exercise 2.4** — `accumulate(model, micro_batches, engine=None)`: gradient
 #   accumulation over micro-batches of any sizes whose accumulated gradient equals the
 #   whole batch's; with an engine, one all-reduce per bucket.
+# - **Exercise 2.5** — `budgeted_step(model, ids, targets, group, max_sequences)`: the
+#   design exercise of section 6. One step's gradients on a 2 × 2 mesh of H100s, with the
+#   activations of at most 16 sequences on the ledger and at most 9.5 µs of the step not
+#   covered by compute on the clock; the grader runs your choice and measures both.
+#
+# The checks run every function that takes a group on a 2-D mesh, your data-parallel
+# group being its consecutive or its strided dimension, beside another group doing the
+# same, so code that ignores `group` fails; failures name the rank as "dp rank 1 of 2 =
+# global rank 3 of 4, the second dp group [2, 3]".
 #
 # ## Summary
 #
@@ -445,9 +542,14 @@ for use_no_sync in (True, False):
 # - Buckets trade latency (2(N−1)α per all-reduce) against overlap: launched from the
 #   `backward_post` hooks in reverse unit order, they run under the rest of the backward.
 #   Too large and nothing overlaps; too small and latency dominates.
-# - Communication hides only when the backward is long enough: about (N−1)/N · peak/β
-#   tokens per rank (about 1,100 on NVLink H100s) is the break-even point.
+# - Communication hides only when the backward is long enough: the break-even point T*
+#   is (N−1)/N · peak/β tokens per rank on one node — 1,099 on NVLink H100s at N = 2
+#   only, 1,924 at N = 8 — and more across nodes: 3,160 for 16 GPUs in nodes of 8,
+#   9,890 on a ring over InfiniBand at N = 2.
 # - Gradient accumulation must scale each micro-batch loss by its share (1/k for equal
 #   micro-batches) and run all but the last backward under `no_sync()`. Without the scale
 #   the gradient is k times too large: SGD steps k times too far; Adam hides it, but the
 #   gradient norm and clipping do not.
+# - Only what runs under the backward is hidden: under a memory budget, how the batch is
+#   cut and how the buckets are sized decide how much of the all-reduce the last backward
+#   can cover (exercise 2.5).

@@ -14,15 +14,19 @@ from typing import Collection, Optional, Sequence
 import numpy as np
 
 import minipar as mp
+from minipar.optim import AdamW
+from minipar.parallel import DistributedDataParallel
 
 
 def all_reduce_gradients(model, group: Optional[mp.ProcessGroup] = None) -> None:
-    """p.grad ← (1/N) Σ_r p.grad_r for every parameter, over the N ranks of `group`.
+    """p.grad ← the mean of p.grad over the ranks of `group`, for every parameter.
 
-    Naive data parallelism: every rank of `group` (default: the whole world) calls this
-    after its backward and before the optimizer step, with the gradient of its own shard
-    of the batch in each `p.grad`. Afterwards every rank holds the same averaged gradient
-    in `p.grad` (in place, or a new array of the same shape and dtype).
+    Naive data parallelism (lesson.py, section 2): every rank of `group` (default: the
+    whole world) calls this after its backward and before the optimizer step, with the
+    gradient of its own shard of the batch in each `p.grad`. Afterwards every rank of the
+    group holds, in `p.grad` (in place, or a new array of the same shape and dtype), the
+    gradient one device would compute on the group's whole batch. Other groups may be
+    doing the same at the same moment with their own batches.
     """
     # BEGIN SOLUTION Exercise 2.1: average every parameter's gradient over the group — see lesson.py, section 2
     for p in model.parameters():
@@ -31,18 +35,15 @@ def all_reduce_gradients(model, group: Optional[mp.ProcessGroup] = None) -> None
 
 
 def make_buckets(sizes_bytes: Sequence[int], cap_bytes: float) -> list[list[int]]:
-    """DDP's buckets: the parameters taken in reverse, a bucket closed once it holds >= cap_bytes.
+    """buckets = the lists of parameter indices DistributedDataParallel groups for cap_bytes.
 
     sizes_bytes[i] is the size in bytes of parameter i's gradient, the parameters listed
     unit by unit as `model.units()` lists them (root first, then blocks.0, blocks.1, ...),
     each unit's parameters in its own order. Return the buckets in the order DDP launches
     them, each the list of the parameter indices it holds, in the order they are laid out
-    in the bucket. The rule of `DistributedDataParallel` (minipar/parallel/ddp.py):
-
-    - walk the parameters from the last to the first (the order backward finishes them);
-    - add each to the current bucket; as soon as the bucket holds at least cap_bytes it is
-      closed (the parameter that reached the cap stays in it) and a new one begins;
-    - what is left at the end forms a last, smaller bucket.
+    in the bucket. Section 3 of lesson.py gives DDP's rule (mind the parameter that
+    crosses the cap); `DistributedDataParallel(GPT(cfg), bucket_cap_mb=...).buckets`
+    shows what it builds for a real model.
     """
     # BEGIN SOLUTION Exercise 2.2: DDP's bucket assignment — see lesson.py, section 3
     buckets: list[list[int]] = []
@@ -61,14 +62,14 @@ def make_buckets(sizes_bytes: Sequence[int], cap_bytes: float) -> list[list[int]
 
 def launch_after(bucket_units: Sequence[Collection[str]],
                  backward_order: Sequence[str]) -> list[str]:
-    """launch(j) = the first backward_post after which bucket j's units and buckets 0..j-1 are done.
+    """launch[j] = the unit at whose backward_post DDP launches bucket j's all-reduce.
 
     bucket_units[j]: the names of the units whose gradients bucket j holds (buckets in
     launch order, as DDP's `bucket.units`); backward_order: every unit name in the order
-    their `backward_post` hooks fire (for a GPT: blocks.L-1, ..., blocks.0, root). DDP
-    launches bucket j's all-reduce at the `backward_post` of the unit that completes it:
-    once every unit it holds has finished its backward and every bucket before it has been
-    launched. Return that unit's name for each bucket.
+    their `backward_post` hooks fire (for a GPT: blocks.L-1, ..., blocks.0, root; any
+    names, in any order, in general). Return one unit name per bucket, by DDP's rule in
+    lesson.py, section 3: ask what must hold of the bucket, and of the buckets ahead of
+    it, at the moment it may go out.
     """
     # BEGIN SOLUTION Exercise 2.3: the backward_post at which each bucket is launched — see lesson.py, section 3
     position = {unit: i for i, unit in enumerate(backward_order)}
@@ -82,16 +83,17 @@ def launch_after(bucket_units: Sequence[Collection[str]],
 
 def accumulate(model, micro_batches: Sequence[tuple[np.ndarray, np.ndarray]],
                engine=None) -> float:
-    """∇L = Σ_i (n_i/n) ∇L_i over micro-batches of n_i sequences; returns L = Σ_i (n_i/n) L_i.
+    """∇ accumulated = ∇L and the return value = L, L the mean loss of every sequence given.
 
-    micro_batches: [(ids, targets)], each pair [s, n_i] with the same s and any n_i >= 1;
-    n = Σ_i n_i. L_i is micro-batch i's mean loss, L the mean loss of all n sequences. Run
-    forward and backward on every micro-batch so that the gradients the model accumulates
-    are exactly ∇L, the gradient of the whole batch, and return L.
+    micro_batches: [(ids, targets)], each pair [s, n_i] with the same s and any n_i >= 1.
+    Run forward and backward on every micro-batch so that the gradients the model
+    accumulates are exactly those of one backward on the whole batch, and return that
+    batch's mean loss L. Lesson.py, section 5, shows the trap; section 1 what changes when
+    the pieces are not of equal size.
 
     engine: None on one device; otherwise a data-parallel engine (DistributedDataParallel)
-    wrapping `model`: then only the last micro-batch may communicate (the others run
-    inside `engine.no_sync()`), so the step costs one all-reduce per bucket.
+    wrapping `model`: then the step may cost one all-reduce per bucket, however many
+    micro-batches there are (section 5 says how).
     """
     # BEGIN SOLUTION Exercise 2.4: gradient accumulation with the right loss scale — see lesson.py, section 5
     n = sum(x.shape[1] for x, _ in micro_batches)
@@ -103,4 +105,31 @@ def accumulate(model, micro_batches: Sequence[tuple[np.ndarray, np.ndarray]],
         with engine.no_sync() if quiet else contextlib.nullcontext():
             loss += share * model.loss_and_grad(x, y, loss_scale=share)
     return loss
+    # END SOLUTION
+
+
+def budgeted_step(model, ids: np.ndarray, targets: np.ndarray, group: mp.ProcessGroup,
+                  max_sequences: int) -> None:
+    """p.grad ← ∇ of the group's whole-batch loss, within section 6's memory and time budgets.
+
+    model: a float64 GPT, built the same way on every rank of `group` (the data-parallel
+    group; other groups run their own step beside it); ids, targets: [s, b], this rank's
+    share of the group's batch. Afterwards every `p.grad` of `model` must hold the
+    gradient of the mean loss over all the sequences of all the ranks of the group, the
+    same on each of them. The grader runs it on section 6's simulated node and checks
+    two budgets: the ledger may never hold the activations of more than `max_sequences`
+    sequences at once, and the step, from its first forward to its last event, may last
+    at most lesson.py's EXPOSED_BUDGET longer than its compute alone. How is yours to
+    choose (section 6 names the levers); take no optimizer step.
+    """
+    # BEGIN SOLUTION Exercise 2.5: one step under a memory and a time budget — see lesson.py, section 6
+    blocks = [ps for unit, ps in model.units() if unit != "root"]
+    cap = max(sum(p.data.nbytes for p in ps) for ps in blocks)  # one bucket per block
+    engine = DistributedDataParallel(model, AdamW, process_group=group,
+                                     bucket_cap_mb=cap / 2**20)
+    b = ids.shape[1]
+    last = min(b, max_sequences)  # the last micro-batch as large as memory allows:
+    edges = [*range(0, b - last, max_sequences), b - last, b]  # its backward hides buckets
+    micro = [(ids[:, a:e], targets[:, a:e]) for a, e in zip(edges, edges[1:])]  # [s, n_i]
+    accumulate(model, micro, engine)
     # END SOLUTION

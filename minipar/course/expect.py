@@ -13,6 +13,7 @@ wanted: divide by n"}`). A ratio is the most specific diagnosis there is, so it 
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any, Iterable, Mapping, Optional, Union
 
 import numpy as np
@@ -61,9 +62,9 @@ def describe_ratio(received: Any, expected: Any, n: Optional[int] = None,
                    prefer: Iterable[str] = ()) -> Optional[tuple[str, str]]:
     """(key, words) naming a constant ratio received / expected: ("2", "received = 2×
     expected everywhere"), ("1/n", "... 1/n (n = 4) ..."); None when there is no constant
-    ratio. A ratio no name fits is still given as a number ("0.75×"), for a single
-    quantity (a 0-d result: bytes, seconds) or when at least three nonzero elements of an
-    array agree on it (one or two elements fit any ratio). Where two names fit
+    ratio. A ratio no name fits is still given as a number ("0.75×"): for a single
+    quantity (a 0-d result: bytes, seconds) when it is a simple fraction such as 3/2, and
+    for an array when at least three nonzero elements agree on it (one or two fit any c). Where two names fit
     (2 and n at n = 2) the first of them in `prefer` wins, then the order above."""
     c = constant_ratio(received, expected)
     if c is None:
@@ -79,6 +80,10 @@ def describe_ratio(received: Any, expected: Any, n: Optional[int] = None,
     e = np.asarray(expected)
     if e.ndim and np.count_nonzero(e) < 3:  # one or two elements of an array fit any c
         return None
+    if not e.ndim:  # a single quantity: only a simple fraction (3/2, 4/3) says something
+        simple = Fraction(c).limit_denominator(8)
+        if not np.isclose(c, float(simple), rtol=1e-9, atol=0):
+            return None
     return f"{c:.6g}", f"received = {c:.6g}× expected everywhere"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from minipar.course import all_lessons
 from minipar.course.catalog import Lesson
-from minipar.course.corpus import corpus_of, gaps, patched, right, run_case, wrong
+from minipar.course.corpus import corpus_of, gaps, patched, right, run_case, run_corpus, wrong
 
 LESSONS = all_lessons()
 CASES = [pytest.param(lesson, case, id=f"{lesson.number}:{getattr(case, 'exercise', 'right')}:"
@@ -109,3 +109,15 @@ def test_gaps_name_what_the_corpus_lacks(tiny_lesson):
         "'elsewhere' is for exercise 9.2, which lesson 99 does not have",
         "lesson 99 has no right alternative solution"]
     assert textwrap.dedent(SOLUTION)  # the fixture's solution is what the cases patch
+
+
+def test_the_corpus_command_reports_a_stale_patch_as_that_case(tiny_lesson, tmp_path):
+    (tiny_lesson.directory / "corpus.py").write_text(
+        "from minipar.course.corpus import right, wrong\n"
+        "WRONG = [wrong('9.1', 'misconception', 'stale', old='4 * x', new='x', hint=['h'])]\n"
+        "RIGHT = [right('x + x', old='2 * x', new='x + x')]\n")
+    lines: list[str] = []
+    results = run_corpus(tiny_lesson, tmp_path, out=lines.append)
+    assert [r.ok for r in results] == [False, True]
+    assert lines[0] == "  [FAIL] 9.1 misconception: stale"
+    assert "its old text occurs 0 times in solution.py" in lines[1]

@@ -97,6 +97,7 @@ def test_one_or_two_elements_get_only_named_ratios_a_single_quantity_any():
     assert describe_ratio([0.8, 1.6], [2.0, 4.0]) is None
     assert describe_ratio([2.0], [1.0])[1] == "received = 2× expected everywhere"
     assert describe_ratio(48.0, 32.0)[1] == "received = 1.5× expected everywhere"
+    assert describe_ratio(0.999734, 1.0) is None  # a near miss of one number is no ratio
 
 
 def test_where_two_names_fit_the_checks_order_wins():
