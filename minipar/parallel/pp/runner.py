@@ -82,6 +82,9 @@ class PipelineRunner:
         lowered = actions if any(a.is_communication for row in actions for a in row) \
             else lower(actions)
         self.info = validate_schedule(lowered)
+        if self.info.split_backward:
+            raise ScheduleError("this runner runs F and B; the split backward (I, W) comes "
+                                "with the zero-bubble schedules: use B")
         self._messages = check_deadlock(lowered, self.info)[self.pp_rank]  # no hang, first
         self.actions = lowered[self.pp_rank]
         self.stages = {st.index: st for st in stages}
@@ -164,9 +167,6 @@ class PipelineRunner:
                     grads[(a.stage - 1, a.microbatch)] = dx
                 elif a.stage > 0:
                     outgoing[(a.stage, a.microbatch, SEND_B)] = dx
-            else:
-                raise ScheduleError(f"{a}: this runner runs F and B; the split backward "
-                                    f"(I, W) comes with the zero-bubble schedules")
         for work in pending:
             work.wait()
         schedule_end = ctx.clock.compute

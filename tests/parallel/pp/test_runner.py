@@ -227,9 +227,8 @@ def test_the_runner_refuses_what_it_cannot_run():
     mp.launch(wrong_stages, 2)
     split = parse_schedule("rank 0: 0F0 0I0 0W0")
     with mp.device():
-        runner = PipelineRunner(build_stages(GPT(CFG), placement(split), 0), split)
-        with pytest.raises(ScheduleError, match="zero-bubble"):
-            runner.step(*batch(CFG, 1))
+        with pytest.raises(ScheduleError, match="split backward .* zero-bubble"):
+            PipelineRunner(build_stages(GPT(CFG), placement(split), 0), split)
 
 
 class DrawingMLP(MLP):
