@@ -26,7 +26,9 @@ backward_post around each unit, as FSDP wraps modules — one unit per block, `b
 fired by the blocks steps around each block, and the `ROOT` unit holding everything outside
 the blocks (with tied embeddings the head's weight *is* the embedding's, so both stay in
 one unit), opened by the embedding step and closed by the head step in forward, opened by
-the head's backward and closed by the embedding's backward.
+the head's backward and closed by the embedding's backward. A pipeline puts the two steps on
+different stages: `split_root()` gives each a unit of its own, `EMBED` (wte, wpe) and `HEAD`
+(ln_f, lm_head), each opened and closed by its own step and listed first and last by units().
 
 Dropout masks. A forward given no generator draws from `model.dropout_generator`, made
 once from cfg.seed and advanced by every draw: each step's masks are fresh, and two models
@@ -52,7 +54,7 @@ from .config import GPTConfig
 from .cross_entropy import cross_entropy_backward, cross_entropy_forward
 from .dropout import dropout_backward, dropout_forward
 from .embedding import Embedding
-from .hooks import ROOT, Hooks, block_unit
+from .hooks import EMBED, HEAD, ROOT, Hooks, block_unit
 from .layernorm import LayerNorm
 from .linear import Linear, linear_backward, linear_forward
 from .module import Module
@@ -97,6 +99,7 @@ class GPT(Module):
     # head (lm_head None) adds nothing
     parameter_order = ("wte", "wpe", "blocks", "ln_f", "lm_head")
     root_parts = ("wte", "wpe", "ln_f", "lm_head")  # the ROOT unit: all but the blocks
+    embed_unit = head_unit = ROOT  # the units the embedding and head steps fire (split_root)
 
     def __init__(self, cfg: GPTConfig, mlp_factory: Optional[Callable[[int], object]] = None):
         self.cfg = cfg
@@ -135,9 +138,22 @@ class GPT(Module):
                       dtype=cfg.np_dtype, std=cfg.init_std)
 
     def units(self) -> list[tuple[str, list[Parameter]]]:
-        """[(unit name, its parameters)]: the root first, then the blocks in order."""
-        return [(ROOT, self.parameters_from(*self.root_parts))] + [
-            (block_unit(i), blk.parameters()) for i, blk in enumerate(self.blocks)]
+        """[(unit name, its parameters)]: the root first, then the blocks in order (after
+        split_root(): EMBED first, the blocks, HEAD last; a tied head lists ln_f only)."""
+        blocks = [(block_unit(i), blk.parameters()) for i, blk in enumerate(self.blocks)]
+        if not self.root_is_split:
+            return [(ROOT, self.parameters_from(*self.root_parts))] + blocks
+        return ([(EMBED, self.parameters_from("wte", "wpe"))] + blocks
+                + [(HEAD, self.parameters_from("ln_f", "lm_head"))])
+
+    def split_root(self) -> None:
+        """Fire EMBED around the embedding step and HEAD around the head step, instead of
+        one ROOT across both: a pipeline's first and last stages each hold one of them."""
+        self.embed_unit, self.head_unit = EMBED, HEAD
+
+    @property
+    def root_is_split(self) -> bool:
+        return self.embed_unit != self.head_unit
 
     # ---- the whole model: the steps in order -------------------------------------------
     def forward(self, ids: np.ndarray, targets: np.ndarray,
@@ -173,22 +189,26 @@ class GPT(Module):
         Opens the root unit (forward_pre). rng: the generator of the blocks steps too."""
         s, b = self._check_ids(ids)
         rng = self.dropout_rng(rng)
-        self.hooks.fire("forward_pre", ROOT)
+        self.hooks.fire("forward_pre", self.embed_unit)
         tok, s_wte = self.wte.forward(ids)  # tok: [s, b, h]
         pos, s_wpe = self.wpe.forward(np.broadcast_to(np.arange(s)[:, None], (s, b)))
         x = self.to_residual(tok + pos)  # x: [s, b, h] (sequence parallel: [s/t, b, h])
         x, s_drop = dropout_forward(x, self.cfg.dropout, self.residual_rng(rng))
+        if self.root_is_split:
+            self.hooks.fire("forward_post", EMBED)
         return x, EmbedSaved(s_wte, s_wpe, s_drop)
 
     def embed_backward(self, dx: np.ndarray, saved: EmbedSaved) -> None:
         """Accumulate wte's and wpe's gradients from dx0; closes the root unit
         (backward_post, the last hook of the backward)."""
+        if self.root_is_split:
+            self.hooks.fire("backward_pre", EMBED)
         dx = dropout_backward(dx, saved.dropout)
         dx = self.to_residual_backward(dx)  # dx: [s, b, h]
         self.wpe.backward(dx, saved.wpe)  # positions and tokens both receive dx
         self.wte.backward(dx, saved.wte)
-        self.finish_backward(ROOT)
-        self.hooks.fire("backward_post", ROOT)
+        self.finish_backward(self.embed_unit)
+        self.hooks.fire("backward_post", self.embed_unit)
 
     # ---- step 2: blocks lo..hi ----------------------------------------------------------
     def blocks_forward(self, x: np.ndarray, rng, lo: int = 0, hi: Optional[int] = None
@@ -229,19 +249,25 @@ class GPT(Module):
     def head_forward(self, x: np.ndarray, targets: np.ndarray) -> tuple[float, HeadSaved]:
         """loss = cross-entropy(ln_f(x) W_head^T, targets).  x: [s, b, h], targets: int
         [s, b] -> a float. Closes the root unit's forward (forward_post)."""
+        if self.root_is_split:
+            self.hooks.fire("forward_pre", HEAD)
         x, s_lnf = self.ln_f.forward(x)
         logits, s_head = self.logits_forward(x)  # logits: [s, b, V]
         loss, s_ce = self.loss_forward(logits, targets)
-        self.hooks.fire("forward_post", ROOT)
+        self.hooks.fire("forward_post", self.head_unit)
         return float(loss), HeadSaved(s_lnf, s_head, s_ce)
 
     def head_backward(self, saved: HeadSaved, dloss: float = 1.0) -> np.ndarray:
         """dx_L of dloss * loss; accumulates the head's and ln_f's gradients. Opens the
         root unit's backward (backward_pre, the first hook of the backward)."""
-        self.hooks.fire("backward_pre", ROOT)
+        self.hooks.fire("backward_pre", self.head_unit)
         dlogits = self.loss_backward(dloss, saved.loss)  # dlogits: [s, b, V]
         dx = self.logits_backward(dlogits, saved.lm_head)
-        return self.ln_f.backward(dx, saved.ln_f)  # dx: [s, b, h]
+        dx = self.ln_f.backward(dx, saved.ln_f)  # dx: [s, b, h]
+        if self.root_is_split:
+            self.finish_backward(HEAD)
+            self.hooks.fire("backward_post", HEAD)
+        return dx
 
     # ---- within the steps (a parallel layout overrides these) --------------------------
     def dropout_rng(self, rng: Optional[np.random.Generator]):

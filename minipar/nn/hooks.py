@@ -22,6 +22,10 @@ Units, as FSDP wraps modules: one per transformer block, `block_unit(i)` = "bloc
 the root, `ROOT` = "root", holding everything outside the blocks (embeddings, final
 LayerNorm, head). The root's forward_pre fires first (the embedding step opens it) and its
 backward_post last (the embedding's backward closes it); `GPT.units()` lists the root first.
+A pipeline puts the embedding and the head on different stages, so `GPT.split_root()` gives
+them a unit each, `EMBED` ("embed": wte, wpe) and `HEAD` ("head": ln_f, lm_head), each
+opened and closed by its own step: the embedding step fires forward_pre and forward_post
+of EMBED, the head step HEAD's, and the backwards backward_pre and backward_post of each.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Callable
 EVENTS = ("forward_pre", "forward_post", "backward_pre", "backward_post", "recompute_pre",
           "recompute_post")
 ROOT = "root"  # the unit outside the blocks: forward_pre first, backward_post last
+EMBED, HEAD = "embed", "head"  # ROOT split in two (GPT.split_root), for pipeline stages
 
 
 def block_unit(index: int) -> str:

@@ -2,7 +2,7 @@
 
     dp/          data parallelism: DDP, ZeRO-1/2/3, FSDP          (docs/data_parallel.md)
     tp/          Megatron tensor and sequence parallelism          (docs/tensor_parallel.md)
-    pp/          pipeline schedules as data, lowering, validator, dry run
+    pp/          pipeline schedules as data, lowering, validator, dry run, stages, runner
                                                                   (docs/pipeline_parallel.md)
     mesh/        the composition home: ParallelDims, ParallelGroups, parallelize
     checkpoint/  checkpoints that know their layout, loaded into any other

@@ -10,16 +10,24 @@ Read in this order (docs/pipeline_parallel.md):
                   that cannot deadlock under rendezvous sends; the message each one moves
     dry_run.py    the lowered lists run on a clock: makespan, idle time, both bubble
                   fractions, the activations each rank holds; deadlocks reported first
+    stage.py      PipelineStage: blocks lo..hi of a GPT (the first embeds, the last computes
+                  the loss); split_layers; build_stages; dropout masks at their places
+    runner.py     PipelineRunner: one rank's lowered list run with isend/irecv in the pp
+                  group, gradients accumulated over the micro-batches, tied embeddings'
+                  gradients summed over the embedding group
 
-Everything here is plain data and pure functions (no communication), so plan and viz can
-import it; the runner that executes a lowered schedule with isend/irecv comes after.
+The first five are plain data and pure functions (no communication), so plan and viz can
+import them by module; stage.py and runner.py run the model, and runner.py alone
+communicates.
 """
 
 from .actions import (B, COMMUNICATION, COMPUTE, F, I, RECV_B, RECV_F, SEND_B, SEND_F, W, Action,
                       Kind, ScheduleError, format_schedule, parse_schedule, placement)
 from .dry_run import DryRun, Span, check_deadlock, dry_run, peak_in_flight
 from .lowering import Message, lower, message
+from .runner import PipelineRunner, StepTimes
 from .schedules import SCHEDULES, gpipe, interleaved_1f1b, one_f_one_b, schedule
+from .stage import DropoutStream, PipelineStage, build_stages, dropout_draws, split_layers
 from .validate import ScheduleDeadlockError, ScheduleInfo, validate_schedule
 
 # F, B, I, W are importable by name (from minipar.parallel.pp import F, B) but left out of
@@ -28,4 +36,6 @@ __all__ = ["Action", "Kind", "SEND_F", "RECV_F", "SEND_B", "RECV_B",
            "COMPUTE", "COMMUNICATION", "ScheduleError", "ScheduleDeadlockError", "parse_schedule",
            "format_schedule", "placement", "schedule", "SCHEDULES", "gpipe", "one_f_one_b",
            "interleaved_1f1b", "validate_schedule", "ScheduleInfo", "lower", "message",
-           "Message", "dry_run", "DryRun", "Span", "check_deadlock", "peak_in_flight"]
+           "Message", "dry_run", "DryRun", "Span", "check_deadlock", "peak_in_flight",
+           "PipelineStage", "split_layers", "build_stages", "dropout_draws", "DropoutStream",
+           "PipelineRunner", "StepTimes"]

@@ -1,0 +1,224 @@
+"""The runner: one rank's lowered schedule executed with isend/irecv in the pipeline group.
+
+    runner = PipelineRunner(stages, schedule("1f1b", pp, m), group=pp_group)
+    loss = runner.step(ids, targets)   # one global batch [s, B]: m micro-batches [s, B/m]
+    optimizer.step()                   # over runner.parameters(); then runner.zero_grad()
+
+Each rank runs its own list of lower(actions) in order (lowering.py's contract):
+
+    RECV_F, RECV_B   irecv from the peer stage's rank, waited at once
+    F  (sF i)        stage s's forward of micro-batch i: its input is the RECV'd tensor,
+                     the previous stage's output if that stage is on this rank, or (s = 0)
+                     the micro-batch's ids; the last stage computes the micro-batch's loss
+    B  (sB i)        stage s's backward of micro-batch i from the RECV'd gradient (the last
+                     stage from the loss scaled by 1/m, so the accumulated gradient is the
+                     gradient of the mean loss over the m micro-batches)
+    SEND_F, SEND_B   isend to the peer stage's rank; every send is waited at the end
+                     of the list
+
+Before anything communicates, `check_deadlock` (dry_run.py) proves the lists finish. After
+the last backward, with tied embeddings on two ranks, the first and last stages' copies of
+wte's gradient are summed over the embedding group (Megatron-LM's `_allreduce_embedding_
+grads` over its embedding group: the first and last pipeline ranks), so both copies take
+the same optimizer step. Then `grads_ready()` is called: the place where a data-parallel
+engine reduces the gradients accumulated over the micro-batches, or an optimizer steps.
+
+Records. Every F and B appears in this rank's trace as one "compute" event drawn around
+the kernels it ran (name "F" or "B", label "2F0", meta: stage, kind, micro-batch, the
+ledger's activation bytes after it); its flops are 0, so FLOP counts, which sum the
+kernels, stay right (a sum of compute durations must pick one of the two: kernels or
+actions). The ledger holds each in-flight micro-batch's activations: its
+forward's `Saved` records, charged at F and released at B. `last_step` holds the times.
+Dropout masks are the single device's (stage.py's DropoutStream).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from ...data.batches import split_microbatches
+from ...runtime.collectives import all_reduce, new_group
+from ...runtime.context import current
+from ...runtime.group import ProcessGroup
+from ...runtime.p2p import irecv, isend
+from ...runtime.trace import Event
+from .actions import B, F, RECV_B, RECV_F, SEND_B, SEND_F, Schedule, ScheduleError
+from .dry_run import check_deadlock
+from .lowering import lower
+from .stage import DropoutStream, PipelineStage
+from .validate import validate_schedule
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Simulated seconds of one step on this rank."""
+
+    start: float        # the compute stream when step() began
+    schedule_end: float  # the list done and every send waited (what dry_run predicts)
+    end: float          # after the embedding all-reduce and grads_ready()
+
+
+class PipelineRunner:
+    """Runs this rank's part of `actions` (compute actions for every pipeline rank, or
+    their lowering) on `stages`, this rank's PipelineStages.
+
+    group: the pipeline group (default: the world); pipeline rank r is its r-th member.
+    embedding_group: the group summing tied wte gradients (default: the group of the ranks
+    holding the first and last stages). grads_ready: called after each step's backward."""
+
+    def __init__(self, stages: Sequence[PipelineStage], actions: Schedule,
+                 group: Optional[ProcessGroup] = None, *,
+                 embedding_group: Optional[ProcessGroup] = None,
+                 grads_ready: Optional[Callable[[], None]] = None):
+        ctx = current()
+        self.group = ctx.world if group is None else group
+        self.pp_rank = self.group.group_rank(ctx.rank)
+        if len(actions) != self.group.size:
+            raise ScheduleError(f"the schedule has {len(actions)} ranks' lists but the "
+                                f"pipeline group {self.group} has {self.group.size} ranks")
+        lowered = actions if any(a.is_communication for row in actions for a in row) \
+            else lower(actions)
+        self.info = validate_schedule(lowered)
+        if self.info.split_backward:
+            raise ScheduleError("this runner runs F and B; the split backward (I, W) comes "
+                                "with the zero-bubble schedules: use B")
+        self._messages = check_deadlock(lowered, self.info)[self.pp_rank]  # no hang, first
+        self.actions = lowered[self.pp_rank]
+        self.stages = {st.index: st for st in stages}
+        want = self.info.stages_of(self.pp_rank)
+        if sorted(self.stages) != want or any(st.num_stages != self.info.stages
+                                              for st in stages):
+            raise ScheduleError(
+                f"pipeline rank {self.pp_rank} runs stages {want} of {self.info.stages} in "
+                f"this schedule, but was given {[repr(st) for st in stages]}: build them "
+                f"with build_stages(model, info.placement, {self.pp_rank})")
+        self.grads_ready = grads_ready
+        self.embedding_group = embedding_group or self._embedding_group()
+        self.losses: list[float] = []
+        self.last_step: Optional[StepTimes] = None
+
+    def _embedding_group(self) -> Optional[ProcessGroup]:
+        """The first and last stages' ranks when the embeddings are tied and they differ."""
+        where, S = self.info.placement, self.info.stages
+        model = next(iter(self.stages.values())).model
+        if not model.cfg.tie_embeddings or where[0] == where[S - 1]:
+            return None
+        ranks = [self.group.ranks[where[0]], self.group.ranks[where[S - 1]]]
+        return new_group(ranks, f"embedding/{self.group.name}")
+
+    def parameters(self) -> list:
+        """This rank's parameters, each once (stage order): what its optimizer steps."""
+        out, seen = [], set()
+        for s in sorted(self.stages):
+            for p in self.stages[s].parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.free_grad()
+
+    # ---- one step -------------------------------------------------------------------------
+    def step(self, ids: np.ndarray, targets: np.ndarray) -> Optional[float]:
+        """Forward and backward of the global batch ids, targets: int [s, B] (the same on
+        every rank), cut into m micro-batches; gradients accumulate in the parameters.
+        Returns the mean micro-batch loss on the rank holding the last stage, else None."""
+        ctx = current()
+        m, S = self.info.microbatches, self.info.stages
+        micro = split_microbatches(ids, targets, m)  # m x ([s, B/m], [s, B/m])
+        seq, b = micro[0][0].shape
+        streams = {id(st.model): DropoutStream(st.model.dropout_generator, st.model.cfg,
+                                               seq, b, m) for st in self.stages.values()}
+        inputs: dict = {}    # (stage, i) -> its input activations [s, b, h]
+        grads: dict = {}     # (stage, i) -> the gradient of its output [s, b, h]
+        outgoing: dict = {}  # (stage, i, kind) -> the tensor a SEND moves
+        pending, losses = [], {}
+        start = ctx.clock.compute
+        for a, msg in zip(self.actions, self._messages):
+            key = (a.stage, a.microbatch)
+            if a.kind is RECV_F or a.kind is RECV_B:
+                x = irecv(self.group.ranks[msg.src], self.group, msg.tag).wait()  # [s, b, h]
+                (inputs if a.kind is RECV_F else grads)[key] = x
+            elif a.kind is SEND_F or a.kind is SEND_B:
+                x = outgoing.pop((a.stage, a.microbatch, a.kind))
+                pending.append(isend(x, self.group.ranks[msg.dst], self.group, msg.tag))
+            elif a.kind is F:
+                stage, (x, y) = self.stages[a.stage], micro[a.microbatch]
+                rng = self._rng(streams, stage, a.microbatch)
+                out = self._timed(a, lambda: stage.forward(
+                    a.microbatch, x if stage.is_first else inputs.pop(key), y, rng))
+                self._check_draws(streams, stage, a.microbatch, rng)
+                if stage.is_last:
+                    losses[a.microbatch] = out
+                elif a.stage + 1 in self.stages:
+                    inputs[(a.stage + 1, a.microbatch)] = out  # same rank: in memory
+                else:
+                    outgoing[(a.stage, a.microbatch, SEND_F)] = out
+            elif a.kind is B:
+                stage = self.stages[a.stage]
+                dy = None if stage.is_last else grads.pop(key)
+                dx = self._timed(a, lambda: stage.backward(a.microbatch, dy, 1.0 / m))
+                if a.stage > 0 and a.stage - 1 in self.stages:
+                    grads[(a.stage - 1, a.microbatch)] = dx
+                elif a.stage > 0:
+                    outgoing[(a.stage, a.microbatch, SEND_B)] = dx
+        for work in pending:
+            work.wait()
+        schedule_end = ctx.clock.compute
+        self._allreduce_embedding_grads()
+        for stream in streams.values():
+            stream.finish()
+        if self.grads_ready is not None:
+            self.grads_ready()
+        self.last_step = StepTimes(start, schedule_end, ctx.clock.compute)
+        self.losses = [losses[i] for i in sorted(losses)]
+        return float(np.mean(self.losses)) if S - 1 in self.stages else None
+
+    def _rng(self, streams: dict, stage: PipelineStage, i: int) -> np.random.Generator:
+        stream = streams[id(stage.model)]
+        return stream.at(stream.position(i, stage.lo, stage.is_first))
+
+    def _check_draws(self, streams: dict, stage: PipelineStage, i: int, rng) -> None:
+        """The generator must stand where the next stage's forward starts (stage.py)."""
+        stream = streams[id(stage.model)]
+        drawn = (stage.hi - stage.lo) * stream.block + (stream.embed if stage.is_first else 0)
+        want = stream.at(stream.position(i, stage.lo, stage.is_first) + drawn)
+        if rng.bit_generator.state != want.bit_generator.state:
+            raise RuntimeError(
+                f"stage {stage.index}'s forward of micro-batch {i} drew another number of "
+                f"dropout values than {stream.embed} per embedding and {stream.block} per "
+                f"block (stage.dropout_draws): a layer that draws from the generator must "
+                f"have its draws counted there, or the pipeline's masks would not be one "
+                f"device's")
+
+    def _timed(self, a, run):
+        """Run one F or B and record it in the trace with its stage and micro-batch."""
+        ctx = current()
+        begin = ctx.clock.compute
+        out = run()
+        ctx.trace.record(Event(
+            ctx.rank, "compute", a.kind.value, begin, ctx.clock.compute, label=str(a),
+            meta={"action": str(a), "stage": a.stage, "kind": a.kind.value,
+                  "microbatch": a.microbatch, "pipeline_rank": self.pp_rank,
+                  "activations": ctx.ledger.held("activations")}))
+        return out
+
+    def _allreduce_embedding_grads(self) -> None:
+        """Tied embeddings: wte's gradient summed over the first and last stages' copies."""
+        if self.embedding_group is None:
+            return
+        stage = self.stages.get(0) or self.stages.get(self.info.stages - 1)
+        if stage is None:
+            return  # a middle rank: not in the embedding group
+        w = stage.model.wte.weight
+        grad = w.grad if w.grad is not None else np.zeros_like(w.data)
+        total = all_reduce(grad, "sum", group=self.embedding_group)  # total: [V, h]
+        if w.grad is None:
+            w.accumulate(total)
+        else:
+            w.grad[...] = total
