@@ -31,6 +31,36 @@ def test_every_exercise_has_both_kinds_of_wrong_answer_and_the_lesson_a_right_on
     assert gaps(lesson, *corpus_of(lesson)) == []
 
 
+# the wrong answers issue 12 found passing or misdiagnosed, each with the words of the
+# diagnosis it must now get: (lesson, exercise, title, words its hints must include)
+REQUIRED = [
+    ("03", "3.1", "ignores `group`: the world's rank, size and collectives", "not over `group`"),
+    ("03", "3.1", "the group's size but the global rank", "not its global rank"),
+    ("01", "1.1", "a blocking send before the recv around the ring", "raised DeadlockError"),
+    ("01", "1.2", "a blocking send before the recv around the ring", "raised DeadlockError"),
+    ("01", "1.3", "calls mp.all_reduce instead of building it from 1.1 and 1.2",
+     "called the built-in all_reduce"),
+    ("04", "4.3", "no max subtracted: right while exp does not overflow",
+     "exp overflows past 709.8"),
+    ("03", "3.1", "updates the weights in place, in flat_params", "wrote into its input"),
+    ("02", "2.4", "never leaves no_sync(), so nothing is all-reduced", "no all-reduce ran"),
+    ("04", "4.3", "the vocabulary offset from the global rank", "not its global rank"),
+    ("02", "2.1", "sums the gradients instead of averaging them",
+     "received = 2× expected everywhere"),
+    ("01", "1.1", "a schedule worked out on 2 ranks: always send the next chunk", "n=3"),
+    ("02", "2.1", "hard-coded for 2 ranks: the sum divided by 2", "size=3"),
+]
+
+
+@pytest.mark.parametrize("lesson, exercise, title, words", REQUIRED,
+                         ids=[f"{r[0]}:{r[1]}:{r[2]}" for r in REQUIRED])
+def test_the_wrong_answers_the_review_found_are_in_the_corpus(lesson, exercise, title, words):
+    wrongs, _ = corpus_of(next(le for le in LESSONS if le.number == lesson))
+    found = [w for w in wrongs if w.exercise == exercise and w.title == title]
+    assert found, f"lesson {lesson}'s corpus lost the wrong answer {title!r} of {exercise}"
+    assert words and words in " ".join(found[0].hint)
+
+
 # -- the machinery, on a lesson of one exercise -----------------------------------------
 
 SOLUTION = '''\
