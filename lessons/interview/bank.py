@@ -870,8 +870,10 @@ QUESTIONS: list[Question] = [
         "2(n-1)/n * S = {sent_mib:g} MiB ({sent_bytes:,} bytes) per rank, {all_ranks_mib:g} MiB "
         "over all ranks: the reduce-scatter half sends n-1 chunks of S/n and the all-gather "
         "half another n-1. Each rank sends {ratio:.4f}x the buffer, a factor that tends to 2, "
-        "not to n ({ratio_1024:.4f} at 1024 ranks): that is why the ring is bandwidth-optimal, "
-        "where exchanging whole buffers would cost (n-1)S = {naive_mib:g} MiB per rank. "
+        "not to n ({ratio_1024:.4f} at 1024 ranks): that is why the ring is bandwidth-optimal "
+        "among host-driven algorithms, where exchanging whole buffers would cost (n-1)S = "
+        "{naive_mib:g} MiB per rank. A switch that adds (NVLS on NVLink, SHARP on "
+        "InfiniBand) does better: each GPU sends its buffer once, S = {s_mib} MiB. "
         "Measured: a simulated all-reduce of {sim_kib} KiB on {n} ranks records "
         "{sim_sent_kib:g} KiB sent by each rank in its trace.",
         q09),
