@@ -21,6 +21,10 @@ Parallel Training", sections 3.2 and 4.2.) What it does, in order:
    callback) every bucket is waited on, so the optimizer step sees averaged gradients.
 5. `no_sync()`: backward passes inside only accumulate into the buckets; the first backward
    outside all-reduces the sum (gradient accumulation over k micro-batches, one all-reduce).
+   `finish_grad_sync()` all-reduces whatever buckets are still unreduced and waits: how a
+   pipeline rank, whose units have no root to end its backward, reduces once per step
+   after its last micro-batch (no overlap with the backward: Megatron-LM overlaps the last
+   micro-batch's reduction with its backward; here every bucket starts at the end).
 
 Memory (bf16 weights, float32 master and Adam moments): 2Psi weights + 2Psi buckets +
 12Psi optimizer states = 16Psi bytes per rank, with no padding (an all-reduce needs none).
@@ -143,6 +147,9 @@ class DistributedDataParallel(DataParallelEngine):
             return
         # the first unit of a backward pass: start counting finished units
         self._done, self._next_bucket = set(), 0
+        self._check_views()
+
+    def _check_views(self) -> None:
         for b in self.buckets:
             detached = b.flat.detached_grads()
             if detached:
@@ -162,14 +169,25 @@ class DistributedDataParallel(DataParallelEngine):
             self._launch(self.buckets[self._next_bucket])
             self._next_bucket += 1
         if unit == ROOT:  # the end of the backward: wait for every bucket
-            self._finish_grad_sync()
+            self._wait_reductions()
             self._unsynced = False
 
     def _launch(self, b: Bucket) -> None:
         if self.group.size > 1:
             b.work = all_reduce(b.buffer, "avg", group=self.group, async_op=True)
 
-    def _finish_grad_sync(self) -> None:
+    def finish_grad_sync(self) -> None:
+        """Launch every bucket not launched since the last backward began (none if no
+        backward ran since the last reduction), then wait."""
+        self._check_views()
+        if self._done:
+            for b in self.buckets[self._next_bucket:]:
+                self._launch(b)
+        self._wait_reductions()
+        self._done, self._next_bucket = set(), 0
+        self._unsynced = False
+
+    def _wait_reductions(self) -> None:
         for b in self.buckets:
             if b.work is not None:
                 np.copyto(b.buffer, b.work.wait())  # the average, into the bucket
@@ -178,16 +196,17 @@ class DistributedDataParallel(DataParallelEngine):
     # ---- gradients and state ----------------------------------------------------------------
     def zero_grad(self) -> None:
         """Zero the buckets in place (the gradients stay views of them)."""
-        self._finish_grad_sync()
+        self._wait_reductions()
         for b in self.buckets:
             b.buffer.fill(0)
+        self._done, self._next_bucket = set(), 0
         self._unsynced = False
 
     def _owned_grads(self) -> list[np.ndarray]:
         return [self._grad_of[piece.key] for piece in self.optimizer.pieces]
 
     def full_grads(self) -> dict[str, np.ndarray]:
-        self._finish_grad_sync()
+        self._wait_reductions()
         return {name: v.reshape(self.param_shapes[name]).copy()
                 for name, v in self._grad_of.items()}
 

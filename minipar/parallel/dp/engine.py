@@ -147,9 +147,11 @@ class DataParallelEngine:
         self.max_grad_norm = max_grad_norm
         self.last_grad_norm: Optional[float] = None
         self.units: list[tuple[str, list[Parameter]]] = model.units()
-        if self.units[0][0] != ROOT:
-            raise ValueError(f"the model's first unit must be {ROOT!r} (fired first in "
-                             f"forward, last in backward); got {self.units[0][0]!r}")
+        names = [u for u, _ in self.units]
+        if not names or (ROOT in names and names[0] != ROOT):
+            raise ValueError(f"the model's units must be {ROOT!r} first (fired first in "
+                             f"forward, last in backward), or a pipeline rank's (no "
+                             f"{ROOT!r}, at least one unit); got {names}")
         dtypes = {p.data.dtype for _, ps in self.units for p in ps}
         if len(dtypes) != 1:
             raise TypeError(f"the model mixes parameter dtypes {sorted(map(str, dtypes))}; "
@@ -170,7 +172,9 @@ class DataParallelEngine:
                             "engines do not implement; use dtype='bfloat16' (float32's range)")
         self.mixed_precision = is_half(self.dtype)
         self.optimizer: ShardedOptimizer  # made by the subclass
-        self._sync = True  # False inside no_sync()
+        # False inside no_sync(). A pipeline rank's units have no ROOT, so no hook ends
+        # its backward: it reduces only when told, in finish_grad_sync()
+        self._sync = ROOT in names
         self._unsynced = False  # a backward ran inside no_sync() and no synced one since
         self._handles: list = []
 
@@ -187,6 +191,13 @@ class DataParallelEngine:
         self._handles.clear()
 
     # ---- the training-loop API ------------------------------------------------------
+    def finish_grad_sync(self) -> None:
+        """Reduce every gradient a backward left unreduced (inside no_sync(), or on a
+        pipeline rank), and wait for all reductions: after it, step() may run. A pipeline
+        calls it once, after its last micro-batch's backward (Megatron-LM's
+        finalize_model_grads -> DistributedDataParallel.finish_grad_sync)."""
+        raise NotImplementedError
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate gradients locally, with no communication; the
@@ -213,13 +224,14 @@ class DataParallelEngine:
     def step(self) -> None:
         """Finish gradient communication, clip by the global norm, step the owned shard,
         then bring the parameters up to date where the engine keeps them whole."""
-        self._finish_grad_sync()
+        self._wait_reductions()
         self._before_step()
         if self._unsynced:
             raise RuntimeError(
                 f"rank {current().rank}: step() after a backward inside no_sync() with no "
                 "synchronised backward since: the gradients were never averaged across "
-                "ranks. Run the last micro-batch outside no_sync()")
+                "ranks. Run the last micro-batch outside no_sync(), or call "
+                "finish_grad_sync() first (a pipeline rank must)")
         grads = self._owned_grads()
         coef = 1.0
         if self.max_grad_norm is not None:
@@ -250,7 +262,7 @@ class DataParallelEngine:
     def zero_grad(self) -> None:
         raise NotImplementedError
 
-    def _finish_grad_sync(self) -> None:
+    def _wait_reductions(self) -> None:
         raise NotImplementedError
 
     def _owned_grads(self) -> list[np.ndarray]:

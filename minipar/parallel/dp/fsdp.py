@@ -21,7 +21,8 @@ reduce-scattered inside the node (NVLink) and the shard is all-reduced across no
 which is the average over all ranks (equal batch shards: a mean of means). Weights are
 gathered inside the node only. Memory per rank is ZeRO-3's with N = the node's size.
 
-Every method of the engine is available here by the same name: `no_sync()`, `step()`,
+Every method of the engine is available here by the same name: `no_sync()`,
+`finish_grad_sync()`, `step()`,
 `zero_grad()`, `summon_full_params()`, `full_state_dict()`, `load_full_state_dict()`,
 `full_grads()`, `local_state()`.
 """
@@ -140,6 +141,9 @@ class FullyShardedDataParallel:
     # ---- the engine's API, by the same names ----------------------------------------------
     def no_sync(self) -> contextlib.AbstractContextManager:
         return self.engine.no_sync()
+
+    def finish_grad_sync(self) -> None:
+        self.engine.finish_grad_sync()
 
     def step(self) -> None:
         self.engine.step()

@@ -33,7 +33,10 @@ Gradient accumulation: under `no_sync()` backward only accumulates locally (stag
 keeps whole unit gradients between micro-batches, as FSDP's no_sync does); without it,
 stage 2 reduce-scatters every micro-batch and adds into the shard. Stage 1 reduces once per
 step, as DeepSpeed's stage 1 does at the accumulation boundary: run every micro-batch but
-the last inside no_sync().
+the last inside no_sync(). `finish_grad_sync()` reduce-scatters every unit left unreduced
+and waits: a pipeline rank (no root unit ends its backward) runs all its micro-batches
+unreduced and calls it once, so each unit is reduced once per step, stage 2 holding its
+stage's whole gradients until then.
 
 Stage 3 (parameters partitioned too) is in zero3.py; stage 0 is DDP (ddp.py); `zero_engine` (fsdp.py)
 picks one by number.
@@ -123,6 +126,7 @@ class ZeroEngine(DataParallelEngine):
              for u in self.state.values()],
             optimizer_cls, **optimizer_kwargs)
         self._pending: list[Reduction] = []
+        self._unreduced: dict[str, UnitState] = {}  # backward ran inside no_sync()
         self._register(**self._hooks())
 
     @staticmethod
@@ -183,10 +187,12 @@ class ZeroEngine(DataParallelEngine):
     def _backward_post(self, unit: str) -> None:
         if not self._sync:
             self._unsynced = True
+            self._unreduced.setdefault(unit, self.state[unit])
         else:
+            self._unreduced.pop(unit, None)
             self._reduce(self.state[unit])
         if unit == ROOT:  # the end of the backward
-            self._finish_grad_sync()
+            self._wait_reductions()
             if self._sync:
                 self._unsynced = False
 
@@ -230,7 +236,16 @@ class ZeroEngine(DataParallelEngine):
         else:  # micro-batches add up in the shard
             u.grad_shard += shard
 
-    def _finish_grad_sync(self) -> None:
+    def finish_grad_sync(self) -> None:
+        """Reduce-scatter each unit whose backward ran unreduced, in the order the backward
+        finished them (the same on every rank), then wait for every reduction."""
+        for u in self._unreduced.values():
+            self._reduce(u)
+        self._unreduced = {}
+        self._wait_reductions()
+        self._unsynced = False
+
+    def _wait_reductions(self) -> None:
         for red in self._pending:
             while not red.done:
                 self._advance(red)
@@ -243,7 +258,7 @@ class ZeroEngine(DataParallelEngine):
     def zero_grad(self) -> None:
         """Zero what this rank keeps (stage 1: the whole buffer; 2-3: the shard); whole
         unit gradients left by no_sync() passes are freed."""
-        self._finish_grad_sync()
+        self._wait_reductions()
         for u in self.state.values():
             if self.stage == 1:
                 u.grad.fill(0)
@@ -251,6 +266,7 @@ class ZeroEngine(DataParallelEngine):
             else:
                 u.grad_shard.fill(0)
                 self._close_gradient(u)
+        self._unreduced = {}
         self._unsynced = False
 
     # ---- after the step: everyone whole again -----------------------------------------
@@ -271,7 +287,7 @@ class ZeroEngine(DataParallelEngine):
         return all_gather(shard, group=self.group) if self.n > 1 else shard.copy()
 
     def full_grads(self) -> dict[str, np.ndarray]:
-        self._finish_grad_sync()
+        self._wait_reductions()
         out = {}
         for u, g in zip(self.state.values(), self._owned_grads()):
             out.update(u.flat.unflatten(self._gather_flat(g)))

@@ -44,6 +44,14 @@ unit is gathered when it is needed. The bound caps the peak of gathered paramete
 it, a deep prefetch holds up to the whole model whole on top of the shards (incident
 C, `minipar.programs.incidents.zero3_recompute`).
 
+Under a pipeline (a rank's units are EMBED, blocks and HEAD of its stages; no root) every
+unit is gathered around each use: its forward and its backward of every micro-batch, so
+2m all-gathers per unit and step (m with reshard_after_forward=False), moving
+2m (N-1)/N Psi'_stage elements, where one device's step of m micro-batches would be whole
+once. Nothing is kept gathered across micro-batches: that would hold the stage's whole
+weights for the whole step, ZeRO-2's weight memory (torch.distributed.pipelining keeps
+FSDP units unsharded across micro-batches' backwards for that trade).
+
 Memory is measured after the optimizer step, when every unit is resharded: the formula
 above, exactly. During forward and backward, the live gathered buffers come on top (ledger
 name `zero:{unit}.gathered`, category parameters; in flight, as comm_buffers).
@@ -107,7 +115,10 @@ class Zero3Engine(ZeroEngine):
                          model_parallel=model_parallel, **optimizer_kwargs)
         names = [name for name, _ in self.units]
         self._forward_order = names  # root, blocks.0, ..., blocks.L-1
-        self._backward_order = names[:1] + names[:0:-1]  # root, blocks.L-1, ..., blocks.0
+        # root, blocks.L-1, ..., blocks.0; a pipeline rank's units (embed, blocks, head of
+        # its stages) run their backward in reverse
+        self._backward_order = (names[:1] + names[:0:-1] if names[0] == ROOT
+                                else names[::-1])
 
     @staticmethod
     def _stages() -> tuple[int, ...]:
@@ -207,7 +218,7 @@ class Zero3Engine(ZeroEngine):
     @contextlib.contextmanager
     def summon_full_params(self, writeback: bool = True) -> Iterator[None]:
         """Gather every unit; on exit, keep hand-written values (writeback) and reshard."""
-        self._finish_grad_sync()
+        self._wait_reductions()
         was_whole = set(self._gathered)
         for u in self.state.values():
             self._gather(u)

@@ -3,12 +3,14 @@
     dims.py         ParallelDims: sizes of dp_replicate, dp_shard, pp, tp, cp, ep; rank order
     groups.py       ParallelGroups: this rank's group along every dimension, its coordinate
     parallelize.py  parallelize: config + dims -> this rank's model, engine and batch block
+    pipeline.py     under pp: this rank's stages, the engine over them, the runner, the loss
 """
 
 from .dims import DEFAULT_ORDER, ParallelDims
 from .groups import ParallelGroups
 from .parallelize import (Parallelized, build_engine, build_model, model_parallel_norm,
                           parallelize)
+from .pipeline import NoParameters
 
 __all__ = ["DEFAULT_ORDER", "ParallelDims", "ParallelGroups", "Parallelized", "build_engine",
-           "build_model", "model_parallel_norm", "parallelize"]
+           "build_model", "model_parallel_norm", "parallelize", "NoParameters"]

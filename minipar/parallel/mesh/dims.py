@@ -8,7 +8,8 @@
                   "replicate" dimension of HYBRID_SHARD)
     dp_shard      data-parallel ranks among which ZeRO / FSDP partition their states
     tp            Megatron tensor parallelism (+ sequence parallelism on the same group)
-    pp, cp, ep    pipeline, context and expert parallelism: their groups can be built, but
+    pp            pipeline stages (parallelize builds each rank's stages and a runner)
+    cp, ep        context and expert parallelism: their groups can be built, but
                   `parallelize` accepts them at 1 only until their forms land
 
 Rank order. Megatron spells a layout fastest dimension first, `order="tp-cp-ep-dp-pp"`: tp
@@ -40,7 +41,7 @@ from ...runtime.checks import MAX_RANKS
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 _ORDER_NAMES = ("tp", "cp", "ep", "dp", "pp")
 #: the dimensions parallelize can build so far; the others it accepts at size 1 only
-IMPLEMENTED = ("dp_replicate", "dp_shard", "tp")
+IMPLEMENTED = ("dp_replicate", "dp_shard", "tp", "pp")
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,7 @@ class ParallelDims:
         return f"ParallelDims({', '.join(used) or 'one rank'}{order})"
 
 
-_FORM = {"pp": "pipeline parallelism", "cp": "context parallelism",
-         "ep": "expert parallelism"}
+_FORM = {"cp": "context parallelism", "ep": "expert parallelism"}
 
 
 def _divisors(n: int) -> list[int]:

@@ -13,6 +13,9 @@ differ only in that coordinate; flattened ones hold the ranks that differ only i
 
     dp      = dp_replicate x dp_shard   every rank that trains on another block of the batch
     dp_cp   = dp x cp                   the ranks a gradient is averaged over under cp
+    model_parallel = tp x pp            the ranks holding the pieces of one model replica,
+                                        over which a gradient norm is completed (Megatron's
+                                        model-parallel group)
     ep      ep consecutive ranks of dp_cp (Megatron folds expert parallelism into dp x cp)
 
 Making a group is not a collective here (see runtime/group.py), so every rank builds its own
@@ -57,6 +60,7 @@ class ParallelGroups:
         self.dp_replicate = self._group("dp_replicate")
         self.dp = self._group("dp_replicate", "dp_shard", name="dp")
         self.dp_cp = self._group("dp_replicate", "dp_shard", "cp", name="dp_cp")
+        self.model_parallel = self._group("pp", "tp", name="model_parallel")
         self.ep = self._expert_group()
 
     # ---- where this rank is --------------------------------------------------------------
@@ -95,4 +99,4 @@ class ParallelGroups:
     def __repr__(self) -> str:
         where = ", ".join(f"{n}={c}" for n, c in self.coordinate.items())
         return f"ParallelGroups(rank {self.rank} at {where}; tp {list(self.tp.ranks)}, " \
-               f"dp {list(self.dp.ranks)})"
+               f"pp {list(self.pp.ranks)}, dp {list(self.dp.ranks)})"

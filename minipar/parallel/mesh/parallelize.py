@@ -13,8 +13,12 @@ process-group grid). Every rank runs it with the same arguments; it builds, in o
               1/tp of every weight matrix; dropout masks are this rank's block of the
               masks one device draws for the whole global batch
     engine    the data-parallel engine over the dp groups (below), told how the gradient
-              norm is completed across tp: ModelParallelNorm(groups.tp, counted)
+              norm is completed across tp x pp: ModelParallelNorm(groups.model_parallel,
+              counted)
     batches   run.local_batch(ids, targets): block groups.batch_shard of the global batch
+    pipeline  with pp > 1 (or a schedule at pp = 1): this rank's stages of the model, the
+              engine over their units only, and a PipelineRunner in the pp group that
+              runs the schedule (pipeline.py says what crosses forms there)
 
 and answers the questions that cross forms, so that no form needs to know another:
 
@@ -22,9 +26,11 @@ and answers the questions that cross forms, so that no form needs to know anothe
     how dropout is sliced                                 the same block, plus tp's own slices
     which groups a gradient is averaged over              dp_shard (reduce-scatter) and
                                                           dp_replicate (all-reduce), or dp (DDP)
-    which group the gradient norm is summed over, and     tp; a parameter replicated across tp
-    which parameters count once there                     counts on tp rank 0 only (Megatron's
-                                                          param_is_not_tensor_parallel_duplicate)
+    which group the gradient norm is summed over, and     tp x pp; a parameter replicated
+    which parameters count once there                     across tp counts on tp rank 0 only
+                                                          (Megatron's param_is_not_tensor_
+                                                          parallel_duplicate), a tied wte on
+                                                          the first stage only
 
 Data parallelism, by ZeRO stage or FSDP strategy (dp_shard: where states are partitioned,
 dp_replicate: replicas of those shards):
@@ -39,7 +45,7 @@ dp_replicate: replicas of those shards):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -49,21 +55,27 @@ from ...optim.adam import AdamW
 from ..dp import (DataParallelEngine, DistributedDataParallel, FullyShardedDataParallel,
                   ModelParallelNorm, ShardingStrategy, ZeroEngine, Zero3Engine,
                   accumulate_gradients)
+from ..pp import PipelineRunner, RankStages
 from ..tp import TensorParallelGPT
 from .dims import ParallelDims
 from .groups import ParallelGroups
+from .pipeline import (NoParameters, broadcast_loss, build_rank_stages, build_runner,
+                       check_tied_on_one_rank, pipeline_schedule, shared_parameters)
 
-Engine = Union[DataParallelEngine, FullyShardedDataParallel]
+Engine = Union[DataParallelEngine, FullyShardedDataParallel, NoParameters]
 
 
 @dataclass
 class Parallelized:
-    """What a training loop needs on this rank: the model, its engine, its groups."""
+    """What a training loop needs on this rank: the model, its engine, its groups; under a
+    pipeline also this rank's stages and the runner."""
 
     model: TensorParallelGPT
     engine: Engine
     groups: ParallelGroups
     dims: ParallelDims
+    stages: Optional[RankStages] = None
+    runner: Optional[PipelineRunner] = None
 
     def local_batch(self, ids: np.ndarray, targets: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
@@ -71,19 +83,30 @@ class Parallelized:
         return split_data_parallel(ids, targets, *self.groups.batch_shard)
 
     def forward_backward(self, ids: np.ndarray, targets: np.ndarray,
-                         micro_batches: int = 1, no_sync: bool = True) -> float:
+                         micro_batches: Optional[int] = None, no_sync: bool = True) -> float:
         """Forward and backward of this rank's block of the global batch [s, B], cut into
-        `micro_batches` (all but the last inside no_sync); returns this rank's mean loss."""
+        `micro_batches` (default 1; all but the last inside no_sync); returns this rank's
+        mean loss. Under a pipeline: the runner's step over the schedule's m micro-batches
+        (block groups.batch_shard of each), gradients reduced once at its end, and the
+        last stage's loss broadcast over the pp group (pipeline.py)."""
+        if self.runner is not None:
+            m = self.runner.info.microbatches
+            if micro_batches not in (None, m):
+                raise ValueError(f"this run's pipeline schedule runs m = {m} micro-batches "
+                                 f"a step (parallelize(..., microbatches={m})); got "
+                                 f"micro_batches={micro_batches}: leave it out")
+            return broadcast_loss(self.runner.step(ids, targets), self.groups.pp)
         x, y = self.local_batch(ids, targets)  # x, y: [s, B/dp]
         return accumulate_gradients(self.model, self.engine,
-                                    split_microbatches(x, y, micro_batches), no_sync)
+                                    split_microbatches(x, y, micro_batches or 1), no_sync)
 
     def step(self) -> None:
         """The optimizer step (clipped by the global norm if asked), then zero_grad."""
         self.engine.step()
         self.engine.zero_grad()
 
-    def train_step(self, ids: np.ndarray, targets: np.ndarray, micro_batches: int = 1) -> float:
+    def train_step(self, ids: np.ndarray, targets: np.ndarray,
+                   micro_batches: Optional[int] = None) -> float:
         """forward_backward, then step; returns this rank's mean loss (its dp block's)."""
         loss = self.forward_backward(ids, targets, micro_batches)
         self.step()
@@ -96,24 +119,29 @@ def build_model(cfg: GPTConfig, groups: ParallelGroups,
     return TensorParallelGPT(cfg, groups.tp, sequence_parallel, groups.batch_shard)
 
 
-def model_parallel_norm(model, groups: ParallelGroups) -> Optional[ModelParallelNorm]:
-    """How the gradient norm is completed across tp: squares summed over the tp group, each
-    replicated parameter counted on tp rank 0 only. None when tp = 1."""
-    if groups.tp.size == 1:
+def model_parallel_norm(model, groups: ParallelGroups,
+                        shared: frozenset = frozenset()) -> Optional[ModelParallelNorm]:
+    """How the gradient norm is completed across tp x pp: squares summed over the
+    model-parallel group, each parameter replicated across tp counted on tp rank 0 only,
+    the `shared` ones (a tied wte's last-stage copy) not at all. None on a group of one."""
+    if groups.model_parallel.size == 1:
         return None
     first = groups.tp.group_rank(groups.rank) == 0
     sharded = frozenset(p.name for p in model.parameters()
                         if getattr(p, "tensor_model_parallel", False))
-    return ModelParallelNorm(groups.tp, lambda name: first or name in sharded)
+    return ModelParallelNorm(groups.model_parallel,
+                             lambda name: (first or name in sharded) and name not in shared)
 
 
 def build_engine(model, groups: ParallelGroups, *, zero: Optional[int] = None,
                  sharding_strategy: Optional[ShardingStrategy] = None,
                  optimizer_cls: type = AdamW, max_grad_norm: Optional[float] = None,
-                 **kwargs: Any) -> Engine:
+                 shared: frozenset = frozenset(), **kwargs: Any) -> Engine:
     """The data-parallel engine for `model` on `groups` (the table in the module docstring).
     kwargs: the optimizer's hyperparameters and the engine's knobs (bucket_cap_mb,
-    reshard_after_forward, forward_prefetch, prefetch_depth, limit_all_gathers, ...)."""
+    reshard_after_forward, forward_prefetch, prefetch_depth, limit_all_gathers, ...).
+    `model` may be a pipeline rank's RankStages: a rank without parameters gets
+    NoParameters; `shared`: parameters another rank counts in the norm."""
     if zero is not None and sharding_strategy is not None:
         raise ValueError(f"give zero= (a ZeRO stage) or sharding_strategy= (an FSDP strategy), "
                          f"not both; got zero={zero!r} and {sharding_strategy}")
@@ -142,7 +170,11 @@ def build_engine(model, groups: ParallelGroups, *, zero: Optional[int] = None,
                          f"dp_replicate={dims.dp_replicate}: use HYBRID_SHARD to shard inside "
                          f"dp_shard and replicate across dp_replicate, or dp_replicate=1")
     common: dict[str, Any] = dict(max_grad_norm=max_grad_norm,
-                                  model_parallel=model_parallel_norm(model, groups), **kwargs)
+                                  model_parallel=model_parallel_norm(model, groups, shared),
+                                  **kwargs)
+    if not model.units():  # a pipeline rank of empty stages only
+        return NoParameters(model, groups, replicated=zero == 0 or sharding_strategy is
+                            S.NO_SHARD, **common)
     replicate = groups.dp_replicate if dims.dp_replicate > 1 else None
     if sharding_strategy is S.HYBRID_SHARD:
         return FullyShardedDataParallel(model, optimizer_cls, sharding_strategy=S.HYBRID_SHARD,
@@ -165,11 +197,16 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
                 sharding_strategy: Optional[ShardingStrategy] = None,
                 sequence_parallel: bool = False, optimizer_cls: type = AdamW,
                 max_grad_norm: Optional[float] = None,
-                groups: Optional[ParallelGroups] = None, **kwargs: Any) -> Parallelized:
+                groups: Optional[ParallelGroups] = None, schedule: Optional[str] = None,
+                microbatches: Optional[int] = None, chunks: int = 1,
+                layers: Optional[Sequence[int]] = None, **kwargs: Any) -> Parallelized:
     """This rank's model, engine and groups for training `cfg` on the layout `dims` (call it
     on every rank, inside `launch`, with the same arguments). zero / sharding_strategy pick
     the data-parallel engine (default: DDP); kwargs are the optimizer's hyperparameters
-    (lr, weight_decay, ...) and the engine's knobs."""
+    (lr, weight_decay, ...) and the engine's knobs. A pipeline (dims.pp > 1, or a schedule
+    at pp = 1): schedule "gpipe", "1f1b" (default) or "interleaved_1f1b" with `chunks`
+    stages per rank, `microbatches` m a step, `layers` blocks per stage (default: even,
+    the remainder on the first stages)."""
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"parallelize builds the model itself, split over the mesh: pass the "
                         f"GPTConfig, not a {type(cfg).__name__}")
@@ -179,7 +216,19 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
     groups = groups if groups is not None else ParallelGroups(dims)
     if groups.dims != dims:
         raise ValueError(f"groups were built for {groups.dims}, not {dims}")
+    actions = pipeline_schedule(dims.pp, schedule, microbatches, chunks)
+    if actions is None and layers is not None:
+        raise ValueError(f"layers={layers!r} splits the blocks among pipeline stages, but "
+                         f"{dims} runs no pipeline: give pp > 1, or schedule= at pp = 1")
+    if actions is not None:
+        check_tied_on_one_rank(cfg, actions, zero, sharding_strategy)
     model = build_model(cfg, groups, sequence_parallel)
-    engine = build_engine(model, groups, zero=zero, sharding_strategy=sharding_strategy,
-                          optimizer_cls=optimizer_cls, max_grad_norm=max_grad_norm, **kwargs)
-    return Parallelized(model, engine, groups, dims)
+    engine_args = dict(zero=zero, sharding_strategy=sharding_strategy,
+                       optimizer_cls=optimizer_cls, max_grad_norm=max_grad_norm, **kwargs)
+    if actions is None:
+        return Parallelized(model, build_engine(model, groups, **engine_args), groups, dims)
+    stages = build_rank_stages(model, groups, actions, layers)
+    engine = build_engine(stages, groups, shared=shared_parameters(stages, actions, groups),
+                          **engine_args)
+    return Parallelized(model, engine, groups, dims, stages,
+                        build_runner(stages, actions, groups, engine))

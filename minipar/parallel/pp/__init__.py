@@ -11,7 +11,8 @@ Read in this order (docs/pipeline_parallel.md):
     dry_run.py    the lowered lists run on a clock: makespan, idle time, both bubble
                   fractions, the activations each rank holds; deadlocks reported first
     stage.py      PipelineStage: blocks lo..hi of a GPT (the first embeds, the last computes
-                  the loss); split_layers; build_stages; dropout masks at their places
+                  the loss); split_layers; build_stages; dropout masks at their places;
+                  RankStages, a rank's stages as one model for a data-parallel engine
     runner.py     PipelineRunner: one rank's lowered list run with isend/irecv in the pp
                   group, gradients accumulated over the micro-batches, tied embeddings'
                   gradients summed over the embedding group
@@ -27,7 +28,8 @@ from .dry_run import DryRun, Span, check_deadlock, dry_run, peak_in_flight
 from .lowering import Message, lower, message
 from .runner import PipelineRunner, StepTimes
 from .schedules import SCHEDULES, gpipe, interleaved_1f1b, one_f_one_b, schedule
-from .stage import DropoutStream, PipelineStage, build_stages, dropout_draws, split_layers
+from .stage import (DropoutStream, PipelineStage, RankStages, build_stages, dropout_draws,
+                    split_layers)
 from .validate import ScheduleDeadlockError, ScheduleInfo, validate_schedule
 
 # F, B, I, W are importable by name (from minipar.parallel.pp import F, B) but left out of
@@ -37,5 +39,5 @@ __all__ = ["Action", "Kind", "SEND_F", "RECV_F", "SEND_B", "RECV_B",
            "format_schedule", "placement", "schedule", "SCHEDULES", "gpipe", "one_f_one_b",
            "interleaved_1f1b", "validate_schedule", "ScheduleInfo", "lower", "message",
            "Message", "dry_run", "DryRun", "Span", "check_deadlock", "peak_in_flight",
-           "PipelineStage", "split_layers", "build_stages", "dropout_draws", "DropoutStream",
-           "PipelineRunner", "StepTimes"]
+           "PipelineStage", "RankStages", "split_layers", "build_stages", "dropout_draws",
+           "DropoutStream", "PipelineRunner", "StepTimes"]

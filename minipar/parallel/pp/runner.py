@@ -23,6 +23,16 @@ grads` over its embedding group: the first and last pipeline ranks), so both cop
 the same optimizer step. Then `grads_ready()` is called: the place where a data-parallel
 engine reduces the gradients accumulated over the micro-batches, or an optimizer steps.
 
+With data parallelism (parallel/mesh composes it; this module knows no engine), two more
+things are handed in, as Megatron-LM's schedules take `no_sync_func` and
+`finalize_model_grads_func`: `no_sync`, a context the whole list runs inside, so no
+micro-batch's backward reduces anything, and `grads_ready`, which then reduces each
+gradient once (the engine's finish_grad_sync). `batch_shard = (d, dp)`: the global batch
+is cut into the m global micro-batches first, and this rank runs block d of dp of each
+([s, B/m] -> [s, B/(m·dp)]); the dropout stream counts the global micro-batch's draws,
+and the model slices its masks to its block (TensorParallelGPT's batch_shard), so the
+masks are those of one device running the m global micro-batches in order.
+
 Records. Every F and B appears in this rank's trace as one "compute" event drawn around
 the kernels it ran (name "F" or "B", label "2F0", meta: stage, kind, micro-batch, the
 ledger's activation bytes after it); its flops are 0, so FLOP counts, which sum the
@@ -34,12 +44,13 @@ Dropout masks are the single device's (stage.py's DropoutStream).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, ContextManager, Optional, Sequence
 
 import numpy as np
 
-from ...data.batches import split_microbatches
+from ...data.batches import split_data_parallel, split_microbatches
 from ...runtime.collectives import all_reduce, new_group
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
@@ -67,12 +78,16 @@ class PipelineRunner:
 
     group: the pipeline group (default: the world); pipeline rank r is its r-th member.
     embedding_group: the group summing tied wte gradients (default: the group of the ranks
-    holding the first and last stages). grads_ready: called after each step's backward."""
+    holding the first and last stages). grads_ready: called after each step's backward.
+    no_sync: a context manager factory the step's list runs inside (a data-parallel
+    engine's no_sync). batch_shard: (d, dp), this rank's block of each micro-batch."""
 
     def __init__(self, stages: Sequence[PipelineStage], actions: Schedule,
                  group: Optional[ProcessGroup] = None, *,
                  embedding_group: Optional[ProcessGroup] = None,
-                 grads_ready: Optional[Callable[[], None]] = None):
+                 grads_ready: Optional[Callable[[], None]] = None,
+                 no_sync: Optional[Callable[[], ContextManager]] = None,
+                 batch_shard: tuple[int, int] = (0, 1)):
         ctx = current()
         self.group = ctx.world if group is None else group
         self.pp_rank = self.group.group_rank(ctx.rank)
@@ -95,7 +110,21 @@ class PipelineRunner:
                 f"pipeline rank {self.pp_rank} runs stages {want} of {self.info.stages} in "
                 f"this schedule, but was given {[repr(st) for st in stages]}: build them "
                 f"with build_stages(model, info.placement, {self.pp_rank})")
-        self.grads_ready = grads_ready
+        self.grads_ready, self.no_sync = grads_ready, no_sync
+        index, count = batch_shard
+        if not (isinstance(index, int) and isinstance(count, int) and 0 <= index < count):
+            raise ScheduleError(f"batch_shard is (index, count) with 0 <= index < count: this "
+                                f"rank's block of each micro-batch; got {batch_shard!r}")
+        self.batch_shard = (index, count)
+        for st in stages:
+            if count > 1 and st.model.cfg.dropout > 0 and \
+                    tuple(getattr(st.model, "batch_shard", (0, 1))) != self.batch_shard:
+                raise ScheduleError(
+                    f"this rank runs block {index} of {count} of each micro-batch, so with "
+                    f"dropout on its model must draw that block of the global micro-batch's "
+                    f"masks: build it with batch_shard={self.batch_shard} (TensorParallelGPT"
+                    f"; parallel.mesh.parallelize does), got "
+                    f"{getattr(st.model, 'batch_shard', None)}")
         self.embedding_group = embedding_group or self._embedding_group()
         self.losses: list[float] = []
         self.last_step: Optional[StepTimes] = None
@@ -126,19 +155,41 @@ class PipelineRunner:
     # ---- one step -------------------------------------------------------------------------
     def step(self, ids: np.ndarray, targets: np.ndarray) -> Optional[float]:
         """Forward and backward of the global batch ids, targets: int [s, B] (the same on
-        every rank), cut into m micro-batches; gradients accumulate in the parameters.
-        Returns the mean micro-batch loss on the rank holding the last stage, else None."""
+        every rank), cut into m micro-batches (and each into its batch_shard block);
+        gradients accumulate in the parameters. Returns the mean micro-batch loss (of this
+        rank's blocks) on the rank holding the last stage, else None."""
         ctx = current()
         m, S = self.info.microbatches, self.info.stages
         micro = split_microbatches(ids, targets, m)  # m x ([s, B/m], [s, B/m])
-        seq, b = micro[0][0].shape
+        seq, b = micro[0][0].shape  # the global micro-batch: what dropout draws over
+        if self.batch_shard[1] > 1:
+            micro = [split_data_parallel(x, y, *self.batch_shard)  # [s, B/(m·dp)]
+                     for x, y in micro]
         streams = {id(st.model): DropoutStream(st.model.dropout_generator, st.model.cfg,
                                                seq, b, m) for st in self.stages.values()}
+        pending: list = []   # the isends' Works, waited at the end of the list
+        losses: dict = {}    # micro-batch -> its loss (the last stage)
+        start = ctx.clock.compute
+        with self.no_sync() if self.no_sync is not None else contextlib.nullcontext():
+            self._run(micro, streams, losses, pending)
+        for work in pending:
+            work.wait()
+        schedule_end = ctx.clock.compute
+        self._allreduce_embedding_grads()
+        for stream in streams.values():
+            stream.finish()
+        if self.grads_ready is not None:
+            self.grads_ready()
+        self.last_step = StepTimes(start, schedule_end, ctx.clock.compute)
+        self.losses = [losses[i] for i in sorted(losses)]
+        return float(np.mean(self.losses)) if S - 1 in self.stages else None
+
+    def _run(self, micro: list, streams: dict, losses: dict, pending: list) -> None:
+        """This rank's lowered list, action by action (the module docstring's table)."""
+        m = self.info.microbatches
         inputs: dict = {}    # (stage, i) -> its input activations [s, b, h]
         grads: dict = {}     # (stage, i) -> the gradient of its output [s, b, h]
         outgoing: dict = {}  # (stage, i, kind) -> the tensor a SEND moves
-        pending, losses = [], {}
-        start = ctx.clock.compute
         for a, msg in zip(self.actions, self._messages):
             key = (a.stage, a.microbatch)
             if a.kind is RECV_F or a.kind is RECV_B:
@@ -167,17 +218,6 @@ class PipelineRunner:
                     grads[(a.stage - 1, a.microbatch)] = dx
                 elif a.stage > 0:
                     outgoing[(a.stage, a.microbatch, SEND_B)] = dx
-        for work in pending:
-            work.wait()
-        schedule_end = ctx.clock.compute
-        self._allreduce_embedding_grads()
-        for stream in streams.values():
-            stream.finish()
-        if self.grads_ready is not None:
-            self.grads_ready()
-        self.last_step = StepTimes(start, schedule_end, ctx.clock.compute)
-        self.losses = [losses[i] for i in sorted(losses)]
-        return float(np.mean(self.losses)) if S - 1 in self.stages else None
 
     def _rng(self, streams: dict, stage: PipelineStage, i: int) -> np.random.Generator:
         stream = streams[id(stage.model)]

@@ -203,6 +203,42 @@ class PipelineStage:
         return dx
 
 
+class RankStages:
+    """The stages one pipeline rank holds, seen as one model by a data-parallel engine
+    (Megatron-LM wraps each model chunk in its DDP; here one engine spans a rank's chunks):
+    `units()` lists the stages' units in stage order, a tied wte once (in EMBED) when the
+    rank holds the first and the last stage; hooks, cfg and the dropout generator are the
+    GPT's. No unit is ROOT when the stages are more than one, so no hook ends a backward:
+    the engine reduces when the pipeline tells it (finish_grad_sync)."""
+
+    def __init__(self, stages: Sequence[PipelineStage]):
+        if not stages:
+            raise ScheduleError("RankStages needs the rank's stages (build_stages), got none")
+        self.stages = list(stages)
+        self.model = self.stages[0].model
+        self.cfg, self.hooks = self.model.cfg, self.model.hooks
+
+    @property
+    def dropout_generator(self) -> np.random.Generator:
+        return self.model.dropout_generator
+
+    def units(self) -> list[tuple[str, list[Parameter]]]:
+        out, seen = [], set()
+        for st in self.stages:
+            for unit, ps in st.units():
+                mine = [p for p in ps if id(p) not in seen]
+                seen.update(id(p) for p in mine)
+                if mine:
+                    out.append((unit, mine))
+        return out
+
+    def parameters(self) -> list[Parameter]:
+        return [p for _, ps in self.units() for p in ps]
+
+    def __repr__(self) -> str:
+        return f"RankStages({', '.join(repr(st) for st in self.stages)})"
+
+
 def build_stages(model, placement: dict, pp_rank: int,
                  layers: Optional[Sequence[int]] = None) -> list[PipelineStage]:
     """This rank's stages (stage -> rank in `placement`, as ScheduleInfo gives it), in stage

@@ -30,7 +30,7 @@ import numpy as np
 
 from ...nn.config import GPTConfig
 from ...nn.gpt import GPT
-from ...nn.hooks import ROOT, block_unit
+from ...nn.hooks import EMBED, HEAD, ROOT, block_unit
 from ...nn.saved import Saved
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
@@ -67,9 +67,11 @@ class TensorParallelGPT(GPT):
         self.tp_rank = tp_group.group_rank(current().rank)
         self.root_grads = SequenceParallelGrads(tp_group) if sequence_parallel else None
         super().__init__(cfg)  # builds the parts below, in GPT's order
-        # the collector each unit's backward flushes (None: its gradients are complete)
-        self.unit_grads = {ROOT: self.root_grads, **{
-            block_unit(i): blk.sp_grads for i, blk in enumerate(self.blocks)}}
+        # the collector each unit's backward flushes (None: its gradients are complete);
+        # a pipeline splits the root (split_root) into EMBED and HEAD, which share it
+        self.unit_grads = {ROOT: self.root_grads, EMBED: self.root_grads,
+                           HEAD: self.root_grads, **{
+                               block_unit(i): blk.sp_grads for i, blk in enumerate(self.blocks)}}
 
     def full_parameters(self, grad: bool = False) -> dict[str, np.ndarray]:
         """{name: the full array} gathered over the tp group (a collective): what the

@@ -33,7 +33,7 @@ def test_the_norm_is_the_single_device_global_norm_on_every_rank(dpkit, stage):
         model = GPT(cfg)
         engine = zero_engine(model, stage=stage, max_grad_norm=MAX_NORM, **dpkit.OPT)
         model.loss_and_grad(*split_data_parallel(*batches[0], ctx.rank, n))
-        engine._finish_grad_sync()
+        engine._wait_reductions()
         local = math.sqrt(engine.optimizer.squared_grad_norm(engine._owned_grads()))
         engine.step()
         return engine.last_grad_norm, local
