@@ -10,9 +10,12 @@ in full_state_dict's keys, at the single-device shapes:
     "meta/step"
 
 The data-parallel gather is `full_state_dict()` (a collective over the engine's groups).
-A model split across tensor-parallel ranks is then gathered to world rank 0, which joins
-the pieces along each parameter's partition_dim (layout.assemble): every rank sends its
-piece, so world_size x (the state / tp) elements arrive at rank 0 — simple, not frugal.
+A model split across tensor-parallel ranks or pipeline stages is then gathered to world
+rank 0 (gather.py, bytes for bytes), which takes the union of the stages' tensors (a tied
+wte held by the first and the last stage once, both copies checked equal) and joins the
+tp pieces along each parameter's partition_dim (layout.assemble): every rank sends its
+piece, so world_size x (the state / (tp x pp)) elements arrive at rank 0 — simple, not
+frugal.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from typing import Union
 import numpy as np
 
 from ... import files
-from ...runtime.collectives import barrier, gather
+from ...files import CheckpointError
+from ...runtime.collectives import barrier
 from ...runtime.context import current
+from .gather import gather_to_first
 from .layout import RankLayout, assemble, describe, describe_params, rank_layout, unwrap
 from .metadata import check_meta
 
@@ -39,37 +44,42 @@ def save_consolidated(engine, path: PathLike, groups=None) -> None:
     files.check_writable(*files.checkpoint_paths(path))  # every rank, before any collective
     layout = rank_layout(e, groups)
     sd = e.full_state_dict()  # full over dp; this rank's piece under tensor parallelism
-    if layout.split:
-        sd = _gather_pieces(sd, layout)  # world rank 0: the full tensors; others: None
+    params = None  # every parameter's full shape and split (gathered when the model is)
+    if layout.split:  # world rank 0: the full tensors; others: None
+        sd, params = _gather_pieces(sd, layout)
     if layout.writes and layout.file_number == 0:
-        files.save_arrays(path, sd, describe(layout, e, "consolidated", uuid.uuid4().hex))
+        files.save_arrays(path, sd, describe(layout, e, "consolidated", uuid.uuid4().hex,
+                                             params=params))
     for g in layout.groups():  # nobody leaves before the file is written
         barrier(group=g)
 
 
 def _gather_pieces(sd: dict[str, np.ndarray], layout: RankLayout):
-    """Every rank's piece (its full_state_dict) -> the full tensors on world rank 0."""
-    world = current().world
-    keys = sorted(k for k in sd if k != "meta/step")
-    flat = np.concatenate([sd[k].reshape(-1) for k in keys])  # the same size on every rank
-    where = gather(np.array([layout.coordinate["tp"]], dtype=np.int64), dst=0, group=world)
-    got = gather(flat, dst=0, group=world)
-    if current().rank != 0:
-        return None
-    first_of = {}  # tp rank -> the first world rank holding that piece
-    for r, t in enumerate(int(w[0]) for w in where):
-        first_of.setdefault(t, r)
-    pieces = []
-    for t in range(layout.sizes["tp"]):
-        piece, at = {}, 0
-        for k in keys:
-            n = sd[k].size
-            piece[k] = got[first_of[t]][at:at + n].reshape(sd[k].shape).astype(sd[k].dtype)
-            at += n
-        pieces.append(piece)
-    full = assemble(pieces, describe_params(layout), layout.state_kinds, "save_consolidated")
+    """Every rank's piece (its full_state_dict) -> (the full tensors, every parameter's
+    description) on world rank 0, (None, None) elsewhere."""
+    c = layout.coordinate
+    mine = {"pp": c["pp"], "tp": c["tp"], "params": describe_params(layout)}
+    got = gather_to_first(mine, {k: a for k, a in sd.items() if k != "meta/step"},
+                          current().world)
+    if got is None:
+        return None, None
+    pieces: list[dict[str, np.ndarray]] = [{} for _ in range(layout.sizes["tp"])]
+    params: dict[str, dict] = {}
+    done = set()  # (pp, tp): the first rank of each piece (dp replicas hold the same)
+    for meta, arrays in got:
+        if (meta["pp"], meta["tp"]) in done:
+            continue
+        done.add((meta["pp"], meta["tp"]))
+        params.update(meta["params"])
+        piece = pieces[meta["tp"]]
+        for k, a in arrays.items():
+            if k in piece and piece[k].tobytes() != a.tobytes():
+                raise CheckpointError(f"save_consolidated: {k} is held by two pipeline "
+                                      f"stages (a tied embedding) whose copies differ")
+            piece[k] = a
+    full = assemble(pieces, params, layout.state_kinds, "save_consolidated")
     full["meta/step"] = sd["meta/step"]
-    return full
+    return full, params
 
 
 def read_consolidated(path: PathLike) -> tuple[dict[str, np.ndarray], dict]:

@@ -4,9 +4,10 @@
     load(engine, dir_or_path)     -> this rank's part of them, into any engine and layout
 
 The full state is the pivot: whatever layout wrote it (dp size, ZeRO stage or FSDP
-strategy, tp size, sequence parallelism or not, one device), a load cuts from it the
-block each of this rank's parameters is (their tags) and hands it to the engine's
-`load_full_state_dict`, which keeps its own shard. Loading reads files only: no
+strategy, tp size, sequence parallelism or not, pipeline stages, one device), a load cuts
+from it the block each of this rank's parameters is (their tags) and hands it to the
+engine's `load_full_state_dict`, which keeps its own shard. A pipeline rank takes the
+tensors of its stages only (the model's other parameters are other ranks'). Loading reads files only: no
 communication. Every rank reads the whole checkpoint — simple, not frugal.
 
 A load is refused, naming the field, when the model differs from the one saved in a way
@@ -71,8 +72,11 @@ def load(engine, path_or_dir: PathLike) -> None:
             f"in the checkpoint's dtype: GPTConfig(dtype={meta.get('dtype')!r})")
     placements = {p.name: placement(p, e.param_shapes[p.name]) for _, ps in e.units for p in ps}
     check_config(path_or_dir, meta, getattr(e.model, "cfg", None), placements)
+    others = _other_stages(e, placements)
     local = {}
     for key, full in sd.items():
+        if parameter_of(key) in others:
+            continue  # another pipeline rank's
         pl = placements.get(parameter_of(key))
         if pl is not None and tuple(full.shape) != pl.full_shape:
             raise CheckpointError(
@@ -85,6 +89,15 @@ def load(engine, path_or_dir: PathLike) -> None:
     generator = getattr(e.model, "dropout_generator", None)
     if state is not None and generator is not None:  # the masks go on where they stopped
         generator.bit_generator.state = state
+
+
+def _other_stages(engine, placements: dict) -> set[str]:
+    """The model's parameters this pipeline rank's engine does not hold (none off a
+    pipeline: a RankStages' model is the whole GPT, whose other stages are elsewhere)."""
+    stages = engine.model
+    if getattr(stages, "stages", None) is None:
+        return set()
+    return {p.name for p in stages.model.parameters()} - set(placements)
 
 
 def parameter_of(key: str) -> Optional[str]:

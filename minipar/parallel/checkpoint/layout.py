@@ -15,8 +15,11 @@ rank holds); the second from the parameters' tags (`tensor_model_parallel`,
 replicated across tp (LayerNorms, row-parallel biases, position embeddings) is held whole
 on every tp rank; the copy at tp = 0 is taken, and the others must equal it bit for bit.
 
-A file's coordinate is {"pp": stage, "tp": t, "dp_shard": k}, and files are numbered in
-that order, the last fastest (pipeline stages are accepted at pp = 1 until they land).
+A file's coordinate is {"pp": p, "tp": t, "dp_shard": k}, and files are numbered in
+that order, the last fastest. Under a pipeline the ranks at pipeline coordinate p hold the
+units of their stages only (EMBED, blocks, HEAD; a tied wte on the first and the last
+stage's rank both): each unit in the index says at which "pp" it is, and the full tensors
+are the union over p (the two copies of a tied wte must agree bit for bit).
 """
 
 from __future__ import annotations
@@ -111,7 +114,10 @@ class RankLayout:
 
     @property
     def state_kinds(self) -> list[str]:
-        """The optimizer-state kinds every unit holds: "m", "v" (and "master", 16-bit)."""
+        """The optimizer-state kinds every unit holds: "m", "v" (and "master", 16-bit);
+        none on a pipeline rank without parameters."""
+        if not self.state.units:
+            return []
         return [k for k in ("m", "v", "master") if k in self.state.units[0].arrays]
 
     @property
@@ -153,13 +159,15 @@ def check_kind(meta: Any, where: Any, form: str) -> None:
             f"minipar.parallel.checkpoint.save_{form}")
 
 
-def describe(layout: RankLayout, engine, form: str, save_id: str) -> dict[str, Any]:
+def describe(layout: RankLayout, engine, form: str, save_id: str,
+             units: Optional[list] = None, params: Optional[dict] = None) -> dict[str, Any]:
     """The checkpoint's metadata: what wrote it, the layout's sizes, units, parameters and
-    the model's config."""
+    the model's config (units, params: every pipeline stage's, when gathered)."""
     return {"kind": KIND, "form": form, "save_id": save_id, "engine": type(engine).__name__,
             "stage": engine.stage, "dtype": engine.dtype.name, "step": layout.state.step,
             "state_kinds": layout.state_kinds, "mesh": dict(layout.sizes),
-            "units": describe_units(layout), "params": describe_params(layout),
+            "units": describe_units(layout) if units is None else units,
+            "params": describe_params(layout) if params is None else params,
             "config": config_of(engine.model),
             "dropout_generator": generator_state(engine.model)}
 
@@ -176,6 +184,11 @@ def rank_layout(engine, groups=None) -> RankLayout:
     """This rank's RankLayout, from the engine's local_state(), the parameters' tags and,
     when given, the run's ParallelGroups (which name the pipeline stage, and are checked
     against the tags)."""
+    if groups is None and getattr(engine.model, "stages", None) is not None:
+        raise CheckpointError(
+            f"rank {current().rank}: this engine holds one pipeline rank's stages, so the "
+            f"checkpoint must know the rank's pipeline coordinate: pass parallelize's run "
+            f"(or groups=run.groups)")
     state = engine.local_state()
     placements = {p.name: placement(p, engine.param_shapes[p.name])
                   for _, ps in engine.units for p in ps}
@@ -184,6 +197,8 @@ def rank_layout(engine, groups=None) -> RankLayout:
     if groups is not None:
         where = groups.coordinate
         pp_index, pp = where.get("pp", 0), groups.pp.size
+        if not placements:  # a pipeline rank without parameters: its place is the mesh's
+            tp_index, tp = where.get("tp", 0), groups.tp.size
         if (where.get("tp", 0), groups.tp.size) != (tp_index, tp):
             raise CheckpointError(
                 f"rank {current().rank}: the groups put this rank at tp = {where.get('tp', 0)} "
@@ -219,7 +234,8 @@ def describe_units(layout: RankLayout) -> list[dict]:
     out = []
     for shard in layout.state.units:
         f = shard.flat
-        out.append({"name": f.unit, "over": "dp_shard", "numel": f.numel,
+        out.append({"name": f.unit, "pp": layout.coordinate["pp"], "over": "dp_shard",
+                    "numel": f.numel,
                     "padded_numel": f.padded_numel, "padding": f.padding,
                     "shard_numel": f.shard_numel,
                     "params": [{"name": p.name, "offset": off, "shape": list(shape)}

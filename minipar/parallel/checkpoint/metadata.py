@@ -40,8 +40,10 @@ def _param(spec: Any) -> bool:
 
 
 def _unit(u: Any) -> bool:
-    """{"name": str, "numel": n, "params": [{"name", "offset", "shape"}, ...]}."""
+    """{"name": str, "numel": n, "params": [{"name", "offset", "shape"}, ...]}, and "pp":
+    the pipeline coordinate holding it (absent before pipelines: 0)."""
     return (isinstance(u, dict) and isinstance(u.get("name"), str) and _count(u.get("numel"))
+            and _count(u.get("pp", 0))
             and isinstance(u.get("params"), list)
             and all(isinstance(p, dict) and isinstance(p.get("name"), str)
                     and _count(p.get("offset")) and _shape(p.get("shape"))
@@ -73,7 +75,7 @@ def check_meta(meta: Any, where: Any, form: str) -> dict:
         (isinstance(mesh, dict) and all(_count(mesh.get(d), 1) for d in MESH),
          f"mesh: sizes >= 1 of {list(MESH)}"),
         (isinstance(units, list) and all(_unit(u) for u in units),
-         "units: a list of {name, numel, params: [{name, offset, shape}]}"),
+         "units: a list of {name, pp, numel, params: [{name, offset, shape}]}"),
         (isinstance(params, dict) and all(_param(s) for s in params.values()),
          "params: {name: {shape, partitioned: {} or {'tp': a dimension}}}"),
         (meta.get("config") is None or isinstance(meta.get("config"), dict),
@@ -88,13 +90,13 @@ def check_meta(meta: Any, where: Any, form: str) -> dict:
 
 
 def check_table(table: Any, where: Any) -> dict:
-    """The index's "arrays" table, once each entry has a shape and a dtype name and the step
-    is the 0-d int64 every save writes."""
+    """The index's "arrays" table, once each entry has a shape, a dtype name (and, if any,
+    an int pipeline coordinate "pp") and the step is the 0-d int64 every save writes."""
     if not (isinstance(table, dict) and all(
             isinstance(s, dict) and _shape(s.get("shape")) and isinstance(s.get("dtype"), str)
-            for s in table.values())
+            and _count(s.get("pp", 0)) for s in table.values())
             and table.get("meta/step") == {"shape": [], "dtype": "int64"}):
         raise CheckpointError(f"{where} is damaged: its 'arrays' table must give every array "
-                              "a shape and a dtype, and 'meta/step' the shape [] and dtype "
-                              "int64")
+                              "a shape, a dtype and (if any) a pipeline coordinate pp, and "
+                              "'meta/step' the shape [] and dtype int64")
     return table

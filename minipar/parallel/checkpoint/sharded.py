@@ -18,13 +18,18 @@ the same shards. DDP: its group's first rank (per tp rank); ZeRO-1/2/3 and FSDP:
 rank of the first replica (ZeRO-1/2 hold the whole weights but write only their shard);
 HYBRID_SHARD: the first replicate group. The only communication: a 16-byte broadcast of
 the save's random id, and barriers; over the world when the model is split (tp > 1).
+Under a pipeline (pp > 1) each pipeline coordinate's files hold other units, so every
+rank's description of its units, parameters and arrays is gathered to the index's writer
+(gather.py: a few kilobytes of JSON, no parameter). A rank whose stages hold no parameter
+writes a file with the step only.
 
 index.json:
 
     {"format": "minipar-layout-checkpoint", "version": 1, "world_size": 4,   # files
      "files": [{"file": "rank00000", "coordinate": {"pp": 0, "tp": 0, "dp_shard": 0}}, ...],
      "arrays": {"root/param": {"shape": [S], "dtype": "float64", "over": "dp_shard",
-                               "shard_numel": S, "padding": 2}, ...},      # in every file
+                               "shard_numel": S, "padding": 2, "pp": 0}, ...},
+                # in every file at that pipeline coordinate
      "meta": {"kind": ..., "save_id": ..., "mesh": {"pp": 1, "tp": 2, "dp_shard": 2,
               "dp_replicate": 1}, "units": [...], "params": {...}, "config": {...}, ...}}
 
@@ -40,7 +45,7 @@ import math
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -49,8 +54,9 @@ from ...files import CheckpointError
 from ...runtime.collectives import barrier, broadcast
 from ...runtime.context import current
 from ..dp.sharded_optimizer import is_half
-from .layout import (KIND, RankLayout, assemble, describe, file_coordinates, rank_layout,
-                     unwrap)
+from .gather import gather_to_first
+from .layout import (KIND, RankLayout, assemble, describe, describe_params, describe_units,
+                     file_coordinates, rank_layout, unwrap)
 from .metadata import check_meta, check_table
 
 FORMAT = "minipar-layout-checkpoint"
@@ -73,6 +79,7 @@ def save_sharded(engine, dirpath: PathLike, groups=None) -> None:
     arrays = {f"{s.flat.unit}/{kind}": a for s in layout.state.units
               for kind, a in s.arrays.items()}
     arrays["meta/step"] = np.array(layout.state.step, dtype=np.int64)
+    stages = _gather_stages(layout, arrays) if layout.sizes["pp"] > 1 else None
     if layout.writes:
         d.mkdir(parents=True, exist_ok=True)
         files.save_arrays(d / files.shard_file_stem(layout.file_number), arrays,
@@ -80,7 +87,7 @@ def save_sharded(engine, dirpath: PathLike, groups=None) -> None:
                            "coordinate": layout.coordinate})
     _barrier(layout)  # every file is written: the index may now point at them
     if layout.writes and layout.file_number == 0:
-        files.write_json(d / files.INDEX_NAME, _index(layout, e, save_id, arrays))
+        files.write_json(d / files.INDEX_NAME, _index(layout, e, save_id, arrays, stages))
     _barrier(layout)  # nobody leaves before the index exists (a load may follow)
 
 
@@ -98,19 +105,48 @@ def _barrier(layout: RankLayout) -> None:
         barrier(group=g)
 
 
-def _index(layout: RankLayout, engine, save_id: str, arrays: dict[str, np.ndarray]) -> dict:
+def _table(layout: RankLayout) -> dict[str, dict[str, Any]]:
+    """The arrays of this rank's file, by name (the step's entry apart)."""
     table: dict[str, dict[str, Any]] = {}
     for s in layout.state.units:
         for kind, a in s.arrays.items():
             table[f"{s.flat.unit}/{kind}"] = {
                 "shape": list(a.shape), "dtype": a.dtype.name, "over": "dp_shard",
-                "shard_numel": s.flat.shard_numel, "padding": s.flat.padding}
+                "shard_numel": s.flat.shard_numel, "padding": s.flat.padding,
+                "pp": layout.coordinate["pp"]}
+    return table
+
+
+def _gather_stages(layout: RankLayout, arrays: dict) -> Optional[tuple[list, dict, dict]]:
+    """(units, params, arrays table) of every pipeline coordinate, on world rank 0 (the
+    index's writer; None elsewhere): each writer's description, the first per unit."""
+    mine = ({"units": describe_units(layout), "params": describe_params(layout),
+             "table": _table(layout)} if layout.writes else None)
+    got = gather_to_first(mine, {}, current().world)
+    if got is None:
+        return None
+    units: dict[str, dict] = {}
+    params: dict[str, dict] = {}
+    table: dict[str, dict] = {}
+    for meta, _ in got:
+        if meta is not None:
+            for u in meta["units"]:
+                units.setdefault(u["name"], u)
+            params.update(meta["params"])
+            table.update(meta["table"])
+    return list(units.values()), params, table
+
+
+def _index(layout: RankLayout, engine, save_id: str, arrays: dict[str, np.ndarray],
+           stages: Optional[tuple[list, dict, dict]]) -> dict:
+    units, params, table = stages if stages is not None else (None, None, _table(layout))
     table["meta/step"] = {"shape": [], "dtype": "int64"}
     coords = file_coordinates(layout.sizes)
     return {"format": FORMAT, "version": VERSION, "world_size": len(coords),
             "files": [{"file": files.shard_file_stem(n), "coordinate": c}
                       for n, c in enumerate(coords)],
-            "arrays": table, "meta": describe(layout, engine, "sharded", save_id)}
+            "arrays": table,
+            "meta": describe(layout, engine, "sharded", save_id, units, params)}
 
 
 # ---- reading ---------------------------------------------------------------------------
@@ -121,10 +157,22 @@ def read_sharded(d: Path) -> tuple[dict[str, np.ndarray], dict]:
     meta = index["meta"]
     pieces: list[dict[str, np.ndarray]] = []
     for t in range(meta["mesh"]["tp"]):
-        mine = [(f, f["coordinate"]["dp_shard"]) for f in index["files"]
-                if f["coordinate"]["tp"] == t]
-        shards = [_read_file(d, f, index) for f, _ in sorted(mine, key=lambda x: x[1])]
-        pieces.append(_unflatten(shards, meta, d))
+        piece: dict[str, np.ndarray] = {}
+        for k in range(meta["mesh"]["pp"]):  # each pipeline coordinate: its units
+            mine = [(f, f["coordinate"]["dp_shard"]) for f in index["files"]
+                    if f["coordinate"]["tp"] == t and f["coordinate"]["pp"] == k]
+            shards = [_read_file(d, f, index) for f, _ in sorted(mine, key=lambda x: x[1])]
+            units = [u for u in meta["units"] if u.get("pp", 0) == k]
+            for key, a in _unflatten(shards, units, meta, d).items():
+                if key in piece and (a.shape != piece[key].shape
+                                     or a.tobytes() != piece[key].tobytes()):
+                    raise CheckpointError(
+                        f"{d}: {key} is held at two pipeline coordinates (a tied embedding "
+                        f"on the first and the last stage), and pp = {k}'s copy differs "
+                        "from the earlier one; the copies drifted apart, there is no one "
+                        "value to load")
+                piece[key] = a
+        pieces.append(piece)
     out = assemble(pieces, meta["params"], list(meta["state_kinds"]), d)
     for key, a in out.items():
         out[key] = a.astype(np.float32) if is_half(a.dtype) else a
@@ -133,8 +181,9 @@ def read_sharded(d: Path) -> tuple[dict[str, np.ndarray], dict]:
 
 
 def _read_index(d: Path) -> dict:
-    """index.json, every field checked before use: the metadata, the mesh (pp = 1 only),
-    one file per coordinate, the arrays table, units that hold the listed parameters."""
+    """index.json, every field checked before use: the metadata, the mesh, one file per
+    coordinate, the arrays table, units (each at a pipeline coordinate of the mesh) that
+    hold the listed parameters."""
     where = d / files.INDEX_NAME
     try:
         index = json.loads(where.read_bytes())
@@ -149,11 +198,6 @@ def _read_index(d: Path) -> dict:
                               f"reads version {VERSION}")
     meta = check_meta(index.get("meta"), where, "sharded")
     mesh = meta["mesh"]
-    if mesh["pp"] != 1:
-        raise CheckpointError(
-            f"{where} holds {mesh['pp']} pipeline stages (mesh {mesh}); this minipar has no "
-            "pipeline parallelism yet and reads pp = 1 only, because each stage holds "
-            "different blocks. Consolidate it with the minipar that wrote it, or load it there")
     listed = index.get("files")
     count = mesh["pp"] * mesh["tp"] * mesh["dp_shard"]
     if not (isinstance(listed, list) and len(listed) == count == index.get("world_size")
@@ -163,6 +207,12 @@ def _read_index(d: Path) -> dict:
                               f"and one file per coordinate of the mesh {mesh}, numbered in "
                               "(pp, tp, dp_shard) order")
     check_table(index.get("arrays"), where)
+    outside = [u["name"] for u in meta["units"] if not 0 <= u.get("pp", 0) < mesh["pp"]]
+    outside += [n for n, spec in index["arrays"].items()
+                if not 0 <= spec.get("pp", 0) < mesh["pp"]]
+    if outside:
+        raise CheckpointError(f"{where} is damaged: {outside[:4]} are placed at pipeline "
+                              f"coordinates outside the mesh's pp = {mesh['pp']}")
     in_units = {p["name"] for u in meta["units"] for p in u["params"]}
     if in_units != set(meta["params"]):
         raise CheckpointError(f"{where} is damaged: its units hold the parameters "
@@ -185,10 +235,13 @@ def _read_file(d: Path, entry: dict, index: dict) -> dict[str, np.ndarray]:
         raise CheckpointError(f"{js} was written at coordinate {fmeta.get('coordinate')}, but "
                               f"the index lists {entry['coordinate']} for it; files were "
                               "renamed or moved. Restore the names the save gave them")
-    table = index["arrays"]
+    pp = entry["coordinate"]["pp"]
+    table = {n: spec for n, spec in index["arrays"].items()
+             if n == "meta/step" or spec.get("pp", 0) == pp}
     if arrays.keys() != table.keys():
         raise CheckpointError(f"{js} holds arrays {sorted(arrays)}, the index lists "
-                              f"{sorted(table)}; every file of a save holds the same names")
+                              f"{sorted(table)} at pp = {pp}; every file of a pipeline "
+                              "coordinate holds the same names")
     for name, spec in table.items():
         a = arrays[name]
         if list(a.shape) != spec.get("shape") or a.dtype.name != spec.get("dtype"):
@@ -200,11 +253,12 @@ def _read_file(d: Path, entry: dict, index: dict) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _unflatten(shards: list[dict[str, np.ndarray]], meta: dict, d: Path
+def _unflatten(shards: list[dict[str, np.ndarray]], units: list[dict], meta: dict, d: Path
                ) -> dict[str, np.ndarray]:
-    """The dp_shard files of one tensor-parallel piece -> {full_state_dict key: tensor}."""
+    """The dp_shard files of one (pp, tp) piece, holding `units` -> {full_state_dict key:
+    tensor}."""
     out = {}
-    for unit in meta["units"]:
+    for unit in units:
         for kind in ["param"] + list(meta["state_kinds"]):
             array = f"{unit['name']}/{kind}"
             if array not in shards[0]:

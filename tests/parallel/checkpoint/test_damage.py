@@ -57,7 +57,10 @@ def test_rank_files_without_an_index_are_an_unfinished_save(saved, tmp_path):
         ck.read_full_state(work)
 
 
-def test_a_pipeline_layout_is_refused_as_one_this_minipar_cannot_read(saved, tmp_path):
+def test_a_pipeline_index_whose_stage_files_are_missing_names_the_file(saved, tmp_path):
+    """Before pipelines landed a pp = 2 index was refused whole; now it is read, and the
+    files of its second pipeline coordinate must exist (and a unit or an array placed at
+    a pipeline coordinate the mesh does not have is damage)."""
     work = copy_of(saved, tmp_path)
 
     def two_stages(index):  # what a pp = 2 save of the same dp x tp would list
@@ -70,7 +73,13 @@ def test_a_pipeline_layout_is_refused_as_one_this_minipar_cannot_read(saved, tmp
         index["world_size"] = len(index["files"])
 
     edit_index(work, two_stages)
-    with pytest.raises(CheckpointError, match=r"holds 2 pipeline stages .*reads pp = 1 only"):
+    n = len(json.loads((work / "index.json").read_text())["files"]) // 2
+    with pytest.raises(CheckpointError, match=rf"rank{n:05d}.npz does not exist"):
+        ck.read_full_state(work)
+    work = copy_of(saved, tmp_path / "again")
+    edit_index(work, lambda index: index["meta"]["units"][0].update(pp=1))
+    with pytest.raises(CheckpointError, match=r"placed at pipeline coordinates outside the "
+                                              r"mesh's pp = 1"):
         ck.read_full_state(work)
 
 
