@@ -4,6 +4,7 @@
     minipar incident NAME          (a: TP across nodes, c: ZeRO-3 + activation checkpointing)
     minipar train [--steps N] [--batch B] [--micro-batches K] [--seq-len S] [--layers L]
                   [--hidden H] [--heads A] [--lr LR] [--warmup W] [--dtype D] [--seed N]
+                  [--pp N] [--schedule NAME] [--chunks V]
                   [--sample N] [--temperature T] [--prompt TEXT] [--quiet]
     minipar lessons [list | open NN | build [--check] [--force] [NN ...] | corpus [NN ...]]
     minipar grade NN [--impl exercise|solution|PATH] [--time-limit SECONDS]
@@ -31,6 +32,7 @@ from .programs import lessons, train_report
 from .programs.incidents import INCIDENTS, get
 from .programs.tour import MAX_MEGABYTES, run_tour, tour_nbytes
 from .programs.train import TrainConfig, generate, train
+from .programs.train_pipeline import train_pipeline
 from .programs.train_checks import TrainingDiverged, TrainingRefused
 
 
@@ -104,6 +106,9 @@ _megabytes = _number(float, 0.0, True, "a positive number of MiB", maximum=MAX_M
                          "5 GB at 64 MiB)")
 _width = _number(int, 0, True, "a positive number of columns", maximum=1000,
                  why=" columns")
+_pp = _number(int, 0, True, "a positive integer", maximum=64,
+              why=" simulated devices (one thread each)")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
 def _output_path(text: str) -> str:
@@ -174,10 +179,33 @@ def _check_train_flags(args: argparse.Namespace, warmup: int) -> None:
     if args.seq_len >= len(corpus):
         args.parser.error(f"--seq-len {args.seq_len} is too long for the bundled corpus of "
                           f"{len(corpus)} characters (a window needs seq_len + 1)")
+    _check_pipeline_flags(args)
     unknown = sorted(set(args.prompt) - set(corpus))
     if args.sample and (not args.prompt or unknown):
         args.parser.error(f"--prompt must be non-empty and use only the corpus's characters; "
                           f"{args.prompt!r} has {''.join(unknown) or 'no characters'!r}")
+
+
+def _check_pipeline_flags(args: argparse.Namespace) -> None:
+    """--pp, --schedule, --chunks: the schedule's and the split's rules, in flag names."""
+    if args.pp == 1 and (args.schedule is not None or args.chunks is not None):
+        args.parser.error("--schedule and --chunks shape a pipeline: give --pp N (N > 1 "
+                          "simulated devices), or leave them out to train on one device")
+    chunks, name = args.chunks or 1, args.schedule or "1f1b"
+    if chunks > 1 and name != "interleaved_1f1b":
+        args.parser.error(f"--chunks {chunks} puts {chunks} stages on each rank, which only "
+                          f"--schedule interleaved_1f1b runs ({name} runs one)")
+    if args.pp * chunks > args.layers:
+        args.parser.error(f"--pp {args.pp} x --chunks {chunks} = {args.pp * chunks} stages "
+                          f"need at least {args.pp * chunks} --layers (one block each), got "
+                          f"{args.layers}")
+    if name == "interleaved_1f1b" and args.micro_batches % args.pp:
+        args.parser.error(f"--schedule interleaved_1f1b groups micro-batches by the pipeline "
+                          f"size: --micro-batches must be a multiple of --pp {args.pp}, got "
+                          f"{args.micro_batches}")
+    if args.pp > 1 and args.dtype == "float16":
+        args.parser.error("--dtype float16 needs loss scaling, which the pipeline's engine "
+                          "does not do: use --dtype bfloat16 (float32's range) or float32")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -188,12 +216,13 @@ def _train(args: argparse.Namespace) -> int:
                           num_microbatches=args.micro_batches, seq_len=args.seq_len,
                           num_layers=args.layers, hidden=args.hidden, num_heads=args.heads,
                           lr=args.lr, warmup_steps=warmup, min_lr=args.lr / 10,
-                          dtype=args.dtype, seed=args.seed)
+                          dtype=args.dtype, seed=args.seed, pp=args.pp,
+                          schedule=args.schedule or "1f1b", chunks=args.chunks or 1)
     except ValueError as e:  # anything TrainConfig refuses that the checks above missed
         args.parser.error(str(e))
     progress = None if args.quiet else train_report.Progress(sys.stderr, cfg.log_every)
     try:
-        r = train(cfg, on_step=progress)
+        r = (train_pipeline if cfg.pipelined else train)(cfg, on_step=progress)
     except KeyboardInterrupt:
         sys.stderr.write("\nminipar train: interrupted\n")
         return 130
@@ -281,11 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
     gr.set_defaults(func=_grade)
 
     tr = sub.add_parser("train", help="train a small GPT on the bundled corpus on one "
-                                      "simulated GPU and report loss, time, FLOPs and memory",
+                                      "simulated GPU (or a pipeline of them) and report loss, "
+                                      "time, FLOPs and memory",
                         description="Train a character-level GPT on the bundled corpus on one "
                                     "simulated H100: gradient accumulation over micro-batches, "
                                     "global-norm clipping, AdamW with warmup and cosine decay, "
-                                    "mixed precision for bfloat16/float16.")
+                                    "mixed precision for bfloat16/float16; with --pp N, as a "
+                                    "pipeline of N simulated H100s running a schedule.")
     tr.add_argument("--steps", metavar="N", type=_steps, default=200,
                     help="optimizer steps, at most 1,000,000 (200)")
     tr.add_argument("--batch", metavar="B", type=_positive_int, default=32,
@@ -310,6 +341,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "the 16-bit ones with float32 master weights (float32)")
     tr.add_argument("--seed", metavar="N", type=_count, default=0,
                     help="seed of the weights and the data (0)")
+    tr.add_argument("--pp", metavar="N", type=_pp, default=1,
+                    help="pipeline stages, one simulated device each, at most 64; "
+                         "--micro-batches is then the pipeline's m (1: one device)")
+    tr.add_argument("--schedule", choices=SCHEDULES, default=None, metavar="NAME",
+                    help="gpipe | 1f1b | interleaved_1f1b: the pipeline's schedule (1f1b)")
+    tr.add_argument("--chunks", metavar="V", type=_positive_int, default=None,
+                    help="stages per rank, interleaved_1f1b only (1)")
     tr.add_argument("--sample", type=_sample, default=0, metavar="N",
                     help="print N characters generated by the trained model, at most "
                          "100,000 (0)")

@@ -32,7 +32,10 @@
   or gradient norm stops the run at that step with the likely cause (`TrainingDiverged`).
 
 `train(TrainConfig(...))` is deterministic in the seed: the data of step n depends only on
-(seed, n), the weights on (seed, parameter name).
+(seed, n), the weights on (seed, parameter name). `TrainConfig(pp=N, schedule=...,
+chunks=V)` describes a pipeline of N simulated devices instead, trained by
+`train_pipeline` (train_pipeline.py) on the same data, with the same optimizer, schedule
+of learning rates and clipping.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from ..nn.gpt import GPT
 from ..nn.saved import release_all
 from ..optim import (AdamW, MixedPrecisionOptimizer, WarmupCosine, clip_grad_norm_,
                     no_decay_for)
+from ..parallel.pp import schedule, split_layers
 from ..plan import model_flops
 from ..plan.training_memory import TrainingMemory
 from ..runtime.context import device
@@ -83,6 +87,8 @@ class TrainConfig:
     Optimizer: AdamW, lr warmed up linearly from 0 over `warmup_steps`, then cosine down to
     `min_lr` at `steps`; `weight_decay` on matrices and embeddings only; gradients clipped
     to a global norm of `clip` (math.inf: never clip, but still measure the norm).
+    Pipeline: `pp` ranks (1: one device) running `schedule` ("gpipe", "1f1b",
+    "interleaved_1f1b" with `chunks` stages per rank) over the `num_microbatches`.
     """
 
     steps: int = 200
@@ -100,10 +106,14 @@ class TrainConfig:
     dtype: str = "float32"
     seed: int = 0
     log_every: int = 10
+    pp: int = 1
+    schedule: str = "1f1b"
+    chunks: int = 1
 
     def __post_init__(self):
         for name, minimum in (("steps", 1), ("global_batch", 1), ("num_microbatches", 1),
-                              ("warmup_steps", 0), ("seed", 0), ("log_every", 1)):
+                              ("warmup_steps", 0), ("seed", 0), ("log_every", 1), ("pp", 1),
+                              ("chunks", 1)):
             _check_int(name, getattr(self, name), minimum)
         if self.global_batch % self.num_microbatches:
             ks = [d for d in range(1, self.global_batch + 1) if self.global_batch % d == 0]
@@ -129,6 +139,22 @@ class TrainConfig:
                              f"got {self.dtype!r}")
         self.model_config(vocab_size=1)  # the model's own checks (heads divide hidden, ...)
         check_can_learn(self.hidden, self.steps, self.warmup_steps)
+        if self.pipelined:
+            self._check_pipeline()
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether this run is a pipeline (train_pipeline), not one device (train)."""
+        return self.pp > 1 or self.chunks > 1
+
+    def _check_pipeline(self) -> None:
+        """The schedule's and the split's own refusals (ScheduleError is a ValueError)."""
+        schedule(self.schedule, self.pp, self.num_microbatches, self.chunks)
+        split_layers(self.num_layers, self.pp * self.chunks)
+        if self.dtype == "float16":
+            raise ValueError("a pipeline trains through the data-parallel engines, which do "
+                             "not scale the loss, and float16 needs loss scaling: use "
+                             "dtype='bfloat16' (float32's range) or 'float32'")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The GPT this run trains, for a tokenizer with `vocab_size` symbols."""
@@ -179,6 +205,8 @@ class TrainResult:
     memory_estimate: TrainingMemory      # what was checked before allocating (train_checks)
     model: GPT = field(repr=False)
     tokenizer: CharTokenizer = field(repr=False)
+    world_size: int = 1                  # simulated devices (a pipeline's pp)
+    bubble: float = 0.0                  # the schedule's idle share with equal stages
 
     @property
     def skipped_steps(self) -> int:
@@ -191,8 +219,10 @@ class TrainResult:
 
     @property
     def mfu(self) -> float:
-        """Model FLOPs / (simulated step time × peak): 1.0 on one device by construction."""
-        return self.model_flops_per_step / (self.sim_step_time * self.peak_flops)
+        """Model FLOPs / (simulated step time × peak × devices): 1.0 on one device by
+        construction."""
+        return self.model_flops_per_step / (self.sim_step_time * self.peak_flops
+                                            * self.world_size)
 
     def first_loss(self, n: int = 5) -> float:
         """Mean loss of the first n steps."""
@@ -221,6 +251,10 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
           ) -> TrainResult:
     """Train a GPT on the bundled corpus on one fresh simulated device (see the module
     docstring for the loop); `on_step(StepInfo)` is called after every step."""
+    if cfg.pipelined:
+        raise ValueError(f"TrainConfig(pp={cfg.pp}, chunks={cfg.chunks}) is a pipeline of "
+                         f"{cfg.pp} devices: train it with minipar.programs.train_pipeline."
+                         f"train_pipeline(cfg), or give pp=1, chunks=1 for one device")
     wall0 = time.perf_counter()
     text = load_corpus()
     tok = CharTokenizer.from_text(text)

@@ -64,13 +64,24 @@ def summary(cfg, r) -> list[str]:
     else:
         flops += f"; the clock was charged {r.clock_flops_per_step:,.0f}"
     memory = ", ".join(f"{c} {fmt_bytes(b)}" for c, b in r.ledger_peak.items() if c != "total")
+    devices = r.world_size
+    where = (f"one simulated {r.device_name}" if not cfg.pipelined else
+             f"{devices} simulated {r.device_name} device{'s' if devices > 1 else ''}, a "
+             f"pipeline of {cfg.pp * cfg.chunks} stages")
     lines = [
         f"minipar train: GPT, {m.num_layers} layers, hidden {m.hidden}, {m.num_heads} heads, "
         f"{m.vocab_size}-character vocabulary: {r.num_parameters:,} parameters in {cfg.dtype} "
-        f"on one simulated {r.device_name}",
+        f"on {where}",
         f"  batches         {cfg.steps} steps of {cfg.global_batch} sequences x {cfg.seq_len} "
         f"characters ({cfg.tokens_per_step:,} tokens), {cfg.num_microbatches} micro-batch"
         f"{'es' if cfg.num_microbatches > 1 else ''} each",
+    ]
+    if cfg.pipelined:
+        lines.append(
+            f"  pipeline        {cfg.schedule}, pp {cfg.pp}, {cfg.chunks} chunk"
+            f"{'s' if cfg.chunks > 1 else ''} per rank: with equal stages a rank idles "
+            f"{100 * r.bubble:.1f} % of a step (the bubble)")
+    lines += [
         f"  optimizer       AdamW, lr {cfg.lr:g}, {cfg.warmup_steps} warmup steps, cosine to "
         f"{cfg.min_lr:g}, weight decay {cfg.weight_decay:g}, clip {cfg.clip:g}",
         f"  loss            {r.first_loss(n):.4f} (mean of the first {n} steps) -> "
@@ -82,9 +93,15 @@ def summary(cfg, r) -> list[str]:
     lines += [
         f"  simulated time  {r.sim_step_time * 1e6:.3f} us a step on the device clock",
         f"  model FLOPs     {flops}",
-        f"  simulated MFU   {100 * r.mfu:.1f} % of {r.peak_label}: "
-        "on one device by construction (only matmuls are charged to the clock)",
-        f"  memory peak     {memory}; total {fmt_bytes(r.ledger_peak['total'])}",
+        f"  simulated MFU   {100 * r.mfu:.1f} % of {r.peak_label}" + (
+            ": on one device by construction (only matmuls are charged to the clock)"
+            if devices == 1 else
+            f" on each of {devices} devices: the bubble alone bounds it at "
+            f"{100 * (1 - r.bubble):.1f} %; messages (each send's and collective's latency: "
+            f"the stages' activations and gradients, the norm's all-reduce, the loss's "
+            f"broadcast) and unequal stages take the rest"),
+        f"  memory peak     {memory}; total {fmt_bytes(r.ledger_peak['total'])}"
+        + ("" if devices == 1 else " (the busiest rank's)"),
         f"  wall time       {r.wall_time:.1f} s "
         f"({cfg.steps * cfg.tokens_per_step / r.wall_time:,.0f} tokens/s on this machine)",
     ]

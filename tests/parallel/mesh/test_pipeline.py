@@ -1,0 +1,205 @@
+"""A pipeline composed with data and tensor parallelism through `parallelize` is one device.
+
+Each example draws a schedule (GPipe, 1F1B, interleaved 1F1B with 1 or 2 chunks), pp in
+1..4, m in 1..8, the layers split evenly, unevenly (the remainder on the first stages) or
+by a drawn list (empty stages included), dp in {1, 2} under DDP, ZeRO-1 or ZeRO-3, tp in
+{1, 2} with or without sequence parallelism (world <= 8), tied or untied embeddings,
+dropout, clipping and a seed; runs 3 AdamW steps both ways and compares every rank's loss,
+the first step's gradients (averaged over dp, gathered over tp) and, after the last step,
+the weights and Adam's m and v of every parameter the rank holds.
+
+The reference is one device accumulating the m global micro-batches [s, B/m] in order,
+each loss scaled by 1/m; a dp rank runs block d of dp of each micro-batch, and its masks
+are that block of the global micro-batch's (pipeline.py). Tolerances: those of
+tests/parallel/tp/test_equivalence.py (float64, conftest.py): losses rtol 1e-12;
+gradients rtol 1e-12 + 1e-14 of the largest gradient; weights, m and v rtol 1e-12 +
+1e-11 of the largest of their kind; the gradient norm rtol 1e-12.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import event, given, settings, strategies as st
+
+import minipar as mp
+from minipar.data.batches import split_microbatches
+from minipar.nn import GPT
+from minipar.optim import AdamW, clip_grad_norm_
+from minipar.parallel import ParallelDims, parallelize
+from minipar.parallel.checkpoint.full_state import parameter_of
+from minipar.runtime.collectives import all_gather
+
+
+def reference(cfg, batches, m, opt, clip=None):
+    """One device, the m global micro-batches accumulated in order: losses, first-step
+    gradients, norms, the state after the steps (full_state_dict's keys)."""
+    with mp.device():
+        model = GPT(cfg)
+        params = model.parameters()
+        optim = AdamW(params, **opt)
+        losses, grads, norms = [], None, []
+        for ids, tgt in batches:
+            losses.append(np.mean([model.loss_and_grad(x, y, loss_scale=1.0 / m)
+                                   for x, y in split_microbatches(ids, tgt, m)]))
+            grads = grads or {p.name: p.grad.copy() for p in params}
+            norms.append(clip_grad_norm_(params, clip) if clip else None)
+            optim.step()
+            optim.zero_grad()
+        state = {}
+        for p in params:
+            state[f"param/{p.name}"] = p.data.copy()
+            state[f"optim/{p.name}.m"] = optim.state[p.name]["m"].copy()
+            state[f"optim/{p.name}.v"] = optim.state[p.name]["v"].copy()
+        return losses, grads, norms, state
+
+
+def gathered(d: dict, run) -> dict:
+    """A dict keyed by parameter (name or full_state_dict key), tp shards all-gathered."""
+    params, tp = run.model.named_parameters(), run.groups.tp
+    out = {}
+    for key, a in d.items():
+        p = params.get(parameter_of(key) if "/" in key else key)
+        if p is not None and getattr(p, "partition_count", 1) > 1:
+            a = all_gather(a, axis=p.partition_dim, group=tp)
+        out[key] = a
+    return out
+
+
+def composed(cfg, batches, dims, opt, **kw):
+    """The same steps through parallelize: per rank (losses, first grads, norm, state,
+    coordinate)."""
+    def program(ctx):
+        run = parallelize(cfg, dims, **kw, **opt)
+        losses, grads = [], None
+        for ids, tgt in batches:
+            losses.append(run.forward_backward(ids, tgt))
+            grads = grads if grads is not None else gathered(run.engine.full_grads(), run)
+            run.step()
+        state = gathered(run.engine.full_state_dict(), run)
+        state.pop("meta/step")
+        return losses, grads, run.engine.last_grad_norm, state, run.groups.coordinate
+
+    return mp.launch(program, dims.world_size)
+
+
+def check(kit, ref, res):
+    ref_losses, ref_grads, ref_norms, ref_state = ref
+    blocks = {}  # dp block -> its ranks' losses: all equal (broadcast from the last stage)
+    for losses, *_, where in res:
+        blocks.setdefault((where["dp_replicate"], where["dp_shard"]), []).append(losses)
+    for block in blocks.values():
+        assert all(b == block[0] for b in block)
+    kit.assert_close(np.mean([b[0] for b in blocks.values()], axis=0), ref_losses,
+                     what="losses")
+    scale = max(float(np.abs(g).max()) for g in ref_grads.values())
+    kind = lambda k: k.rsplit(".", 1)[1] if k.startswith("optim/") else "param"
+    largest: dict = {}
+    for key, arr in ref_state.items():
+        largest[kind(key)] = max(largest.get(kind(key), 0.0), float(np.abs(arr).max()))
+    held = set()
+    for r, (_, grads, norm, state, _) in enumerate(res):
+        for name, g in grads.items():
+            np.testing.assert_allclose(g, ref_grads[name], rtol=kit.RTOL,
+                                       atol=kit.GRAD_ATOL_SCALE * scale,
+                                       err_msg=f"rank {r} step 0 gradient of {name}")
+        for key, arr in state.items():
+            np.testing.assert_allclose(arr, ref_state[key], rtol=kit.RTOL,
+                                       atol=kit.ATOL_SCALE * largest[kind(key)],
+                                       err_msg=f"rank {r} {key}")
+            held.add(key)
+        if ref_norms[-1] is not None:
+            kit.assert_close(norm, ref_norms[-1], what=f"rank {r} gradient norm")
+    assert held == set(ref_state)  # every parameter lives on some rank
+
+
+def tiny(kit, **kw):
+    """Sizes tp = 2 divides (heads, ffn, vocabulary, and the sequence under SP)."""
+    return kit.tiny_config(**{**dict(vocab_size=16, seq_len=4, hidden=8, num_heads=2,
+                                     ffn_hidden=8), **kw})
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=10)
+@given(data=st.data())
+def test_a_pipeline_with_dp_and_tp_trains_like_one_device(dpkit, data):
+    name = data.draw(st.sampled_from(["interleaved_1f1b", "1f1b", "gpipe"]), "schedule")
+    p = data.draw(st.integers(1, 4), "pp")
+    if name == "interleaved_1f1b":  # Megatron's grouping: m a multiple of p
+        v = data.draw(st.sampled_from([2, 1]), "chunks")
+        m = p * data.draw(st.integers(1, max(1, 8 // p)), "micro-batches / pp")
+    else:
+        v, m = 1, data.draw(st.integers(1, 8), "micro-batches")
+    dp = data.draw(st.sampled_from([2, 1]), "dp")
+    tp = data.draw(st.sampled_from([2, 1]) if p * dp <= 4 else st.just(1), "tp")
+    zero = data.draw(st.sampled_from([3, 1, 0]), "zero")
+    sp = tp > 1 and data.draw(st.booleans(), "sequence parallel")
+    S = p * v
+    if data.draw(st.booleans(), "layers given as a list"):  # empty stages too
+        layers = data.draw(st.lists(st.integers(0, 2), min_size=S, max_size=S)
+                           .filter(lambda c: sum(c) > 0), "layers")
+        L = sum(layers)
+    else:
+        layers, L = None, S + data.draw(st.integers(0, S), "layers beyond one per stage")
+    tie = data.draw(st.booleans(), "tied") and not (p == 1 and S > 1 and zero == 3)
+    clip = data.draw(st.sampled_from([None, 0.05]), "max_grad_norm")
+    event(f"{name} p={p} v={v} dp={dp} tp={tp} zero={zero}")
+    cfg = tiny(dpkit, num_layers=L, tie_embeddings=tie,
+               dropout=data.draw(st.sampled_from([0.0, 0.1]), "dropout"),
+               seed=data.draw(st.integers(0, 2**16), "seed"))
+    b = data.draw(st.integers(1, 2), "sequences per rank and micro-batch")
+    batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dp * b, seed=cfg.seed)
+    dims = (ParallelDims(dp_replicate=dp, pp=p, tp=tp) if zero == 0
+            else ParallelDims(dp_shard=dp, pp=p, tp=tp))
+    res = composed(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=sp,
+                   max_grad_norm=clip, schedule=name, microbatches=m, chunks=v,
+                   layers=layers)
+    check(dpkit, reference(cfg, batches, m, dpkit.OPT, clip), res)
+
+
+SWEEP = [(name, p, v) for p in (1, 2, 3, 4) for name, v in
+         (("1f1b", 1), ("interleaved_1f1b", 2))]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name, p, v", SWEEP)
+def test_every_schedule_and_pipeline_size_with_dp_2(dpkit, name, p, v):
+    """The sweep a draw may miss: 1F1B and interleaved 1F1B (GPipe is in the draws and the
+    fixed cases) on 1..4 pipeline ranks with dp = 2 under
+    DDP, ZeRO-1 and ZeRO-3 in turn, tp = 2 with SP where the world stays <= 8, S + 1
+    layers (uneven), m = 2p micro-batches, dropout on, tied unless ZeRO-3 holds both
+    ends of the pipeline on one rank."""
+    zero, tp = (0, 1, 3)[(p + 2 * v) % 3], 2 if p <= 2 else 1
+    m, S = 2 * p, p * v
+    cfg = tiny(dpkit, num_layers=S + 1, dropout=0.1, seed=p + 10 * v,
+               tie_embeddings=not (p == 1 and S > 1 and zero == 3))
+    batches = dpkit.global_batches(cfg, steps=3, global_batch=2 * m, seed=cfg.seed)
+    dims = (ParallelDims(dp_replicate=2, pp=p, tp=tp) if zero == 0
+            else ParallelDims(dp_shard=2, pp=p, tp=tp))
+    check(dpkit, reference(cfg, batches, m, dpkit.OPT, 0.05),
+          composed(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=tp > 1,
+                   max_grad_norm=0.05, schedule=name, microbatches=m, chunks=v))
+
+
+CASES = [  # (dims, engine and pipeline, layers): the compositions a draw may miss
+    (ParallelDims(dp_shard=2, pp=2, tp=2), dict(zero=1, sequence_parallel=True,
+                                                schedule="interleaved_1f1b", chunks=2), None),
+    (ParallelDims(dp_shard=2, pp=2, tp=2), dict(zero=3, sequence_parallel=True,
+                                                schedule="1f1b"), [1, 2]),
+    (ParallelDims(dp_replicate=2, pp=4), dict(zero=0, schedule="gpipe"), [2, 0, 0, 1]),
+    (ParallelDims(dp_shard=2, pp=4), dict(zero=2, schedule="1f1b"), None),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("dims, kw, layers", CASES)
+def test_fixed_compositions_with_dropout_clipping_and_tied_embeddings(dpkit, dims, kw, layers):
+    """dp x pp x tp = 2 x 2 x 2 under ZeRO-1 (interleaved) and ZeRO-3 (1F1B, uneven), an
+    empty-stage pipeline under DDP, ZeRO-2 on pp = 4; 4 micro-batches each, every mask on
+    and the clip active on every step."""
+    m = 4
+    cfg = tiny(dpkit, num_layers=sum(layers) if layers else 5, tie_embeddings=True,
+               dropout=0.1, seed=dims.world_size)
+    batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dims.dp, seed=cfg.seed)
+    ref = reference(cfg, batches, m, dpkit.OPT, 0.05)
+    assert all(n > 0.05 for n in ref[2])
+    check(dpkit, ref, composed(cfg, batches, dims, dpkit.OPT, max_grad_norm=0.05,
+                               microbatches=m, layers=layers, **kw))
