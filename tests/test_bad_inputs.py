@@ -54,6 +54,17 @@ CLI_CASES: list[tuple[list[str], list[str]]] = [
     # train: runs that cannot end (10^20 steps ran for ever; so did 10^12 characters)
     (["train", "--steps", "99999999999999999999"], ["--steps", "at most 1,000,000"]),
     (["train", "--sample", "1000000000000"], ["--sample", "at most 100,000"]),
+    # train --pp: pipelines the schedule or the split cannot run, flags that would do nothing
+    (["train", "--pp", "3", "--layers", "2"], ["--pp 3 x --chunks 1 = 3 stages", "--layers",
+                                               "got 2"]),
+    (["train", "--pp", "2", "--schedule", "zb"], ["--schedule", "invalid choice: 'zb'"]),
+    (["train", "--pp", "2", "--schedule", "interleaved_1f1b", "--micro-batches", "3",
+      "--batch", "12"], ["--micro-batches must be a multiple of --pp 2", "got 3"]),
+    (["train", "--pp", "2", "--chunks", "2"], ["--chunks 2", "--schedule interleaved_1f1b"]),
+    (["train", "--schedule", "gpipe"], ["--schedule and --chunks shape a pipeline",
+                                        "--pp N"]),
+    (["train", "--pp", "2", "--dtype", "float16"], ["loss scaling", "--dtype bfloat16"]),
+    (["train", "--pp", "1000"], ["--pp", "at most 64"]),
 ]
 
 
@@ -223,6 +234,43 @@ RUNTIME_CASES: list[tuple[str, object, type, list[str]]] = [
     ("mesh:ParallelGroups-rank-is-a-bool",
      lambda: _on(2, lambda c: _parallel_groups(tp=2, rank=True)), mp.RankFailedError,
      ["ParallelGroups(rank=True)"]),
+    ("pipeline: pp does not divide the world",
+     lambda: _on(4, lambda c: _pipeline(ParallelDims(pp=3), microbatches=3)),
+     mp.RankFailedError, ["ParallelDims(pp=3) covers 3 ranks", "the world has 4"]),
+    ("pipeline: more stages than layers",
+     lambda: _on(4, lambda c: _pipeline(ParallelDims(pp=4), microbatches=4)),
+     mp.RankFailedError, ["4 stages need at least 4 layers", "the model has 2"]),
+    ("pipeline: unknown schedule",
+     lambda: _on(2, lambda c: _pipeline(ParallelDims(pp=2), schedule="zb", microbatches=2)),
+     mp.RankFailedError, ["unknown schedule 'zb'", "'gpipe', '1f1b', 'interleaved_1f1b'"]),
+    ("pipeline: interleaved with m not a multiple of pp",
+     lambda: _on(2, lambda c: _pipeline(ParallelDims(pp=2), schedule="interleaved_1f1b",
+                                        chunks=2, microbatches=3, num_layers=4)),
+     mp.RankFailedError, ["multiple of pp = 2, got 3", "microbatches = 2 or 4"]),
+    ("pipeline: chunks without the interleaved schedule",
+     lambda: _on(2, lambda c: _pipeline(ParallelDims(pp=2), schedule="1f1b", chunks=2,
+                                        microbatches=2, num_layers=4)),
+     mp.RankFailedError, ["'1f1b' runs one stage per rank, got chunks=2",
+                          "'interleaved_1f1b'"]),
+    ("pipeline: no micro-batches",
+     lambda: _on(2, lambda c: _pipeline(ParallelDims(pp=2))), mp.RankFailedError,
+     ["a pipeline of pp = 2 needs microbatches=m"]),
+    ("pipeline: layers without a pipeline",
+     lambda: _on(1, lambda c: _pipeline(ParallelDims(), layers=[1, 1])), mp.RankFailedError,
+     ["layers=[1, 1] splits the blocks among pipeline stages", "runs no pipeline"]),
+    ("pipeline: a tied wte in two units of one rank under ZeRO-3",
+     lambda: _on(1, lambda c: _pipeline(ParallelDims(), schedule="interleaved_1f1b",
+                                        chunks=2, microbatches=1, zero=3,
+                                        tie_embeddings=True)),
+     mp.RankFailedError, ["stages 0 and 1 on one pipeline rank both use wte", "zero=3",
+                          "tie_embeddings=False"]),
+    ("pipeline: a train step with other micro-batches than the schedule's",
+     lambda: _on(2, lambda c: _pipeline(ParallelDims(pp=2), microbatches=2).train_step(
+         np.zeros((4, 4), int), np.zeros((4, 4), int), micro_batches=4)),
+     mp.RankFailedError, ["runs m = 2 micro-batches", "got micro_batches=4"]),
+    ("pipeline: a dp block of each micro-batch with a model that draws the whole batch",
+     lambda: _on(1, lambda c: _runner_of_a_plain_gpt()), mp.RankFailedError,
+     ["runs block 0 of 2 of each micro-batch", "batch_shard=(0, 2)"]),
     ("ledger:negative-capacity",
      lambda: mp.MemoryLedger(capacity=-1), ValueError, ["capacity", ">= 0", "got -1"]),
     ("ledger:nan-capacity",
@@ -427,6 +475,9 @@ MODEL_CASES: list[tuple[str, object, type, list[str]]] = [
 import minipar.files  # noqa: E402  (mp.files, for the cases below; helpers after the table)
 
 CHECKPOINT_CASES: list[tuple[str, object, type, list[str]]] = [
+    ("checkpoint: a pipeline rank's engine saved without its groups",
+     lambda: _on(2, lambda c: _save_engine_alone()), mp.files.CheckpointError,
+     ["holds one pipeline rank's stages", "pass parallelize's run"]),
     ("files: a 236-byte .npz whose header declares 128 GiB", lambda: _load("huge"),
      mp.files.CheckpointError, ["declares float64 of shape [17179869184]", "holds 0",
                                 "before anything is allocated"]),
@@ -699,6 +750,34 @@ def _group_of_launch(world_size):
 
 def _parallel_groups(rank=None, **sizes):
     return ParallelGroups(ParallelDims(**sizes), rank=rank)
+
+
+def _pipeline(dims, num_layers=2, tie_embeddings=False, **kw):
+    """parallelize a tiny GPT on `dims` with the pipeline arguments `kw`."""
+    from minipar.nn import GPTConfig
+    from minipar.parallel import parallelize
+    cfg = GPTConfig(vocab_size=16, seq_len=4, hidden=8, num_heads=2, num_layers=num_layers,
+                    tie_embeddings=tie_embeddings)
+    return parallelize(cfg, dims, lr=1e-2, **kw)
+
+
+def _runner_of_a_plain_gpt():
+    """A runner told to run block 0 of 2 of each micro-batch, over a GPT with dropout that
+    would draw masks for its block alone (not the global micro-batch's slice)."""
+    from minipar.nn import GPT, GPTConfig
+    from minipar.parallel.pp import PipelineRunner, build_stages, placement, schedule
+    model = GPT(GPTConfig(vocab_size=16, seq_len=4, hidden=8, num_heads=2, dropout=0.1))
+    acts = schedule("1f1b", 1, 2)
+    return PipelineRunner(build_stages(model, placement(acts), 0), acts, batch_shard=(0, 2))
+
+
+def _save_engine_alone():
+    """save_sharded(run.engine) of a pipeline rank: the engine alone has no pp coordinate."""
+    import tempfile
+    from minipar.parallel import checkpoint
+    run = _pipeline(ParallelDims(pp=2), microbatches=2)
+    with tempfile.TemporaryDirectory() as d:
+        checkpoint.save_sharded(run.engine, d)
 
 
 def test_the_tables_list_at_least_sixty_distinct_bad_inputs():
