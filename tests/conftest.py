@@ -1,6 +1,14 @@
-"""Shared test set-up: hypothesis profiles (CI is derandomized, with no deadline)."""
+"""Shared test set-up: hypothesis profiles (CI is derandomized, with no deadline), the
+GPT steps fixture, and one cached run of each lesson file."""
 
+import functools
 import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -33,3 +41,35 @@ def by_steps(model, ids, tgt, rng, k):
 def gpt_steps():
     """by_steps(model, ids, targets, rng, k): a GPT's forward and backward run step by step."""
     return by_steps
+
+
+@dataclass(frozen=True)
+class LessonRun:
+    """What `python lessons/NN_topic/lesson.py` did: its exit status, output, and the
+    processor (user + system) and wall seconds its process took."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    cpu: float
+    wall: float
+
+
+@functools.lru_cache(maxsize=None)
+def _run_lesson(path: str) -> LessonRun:
+    """Run a lesson file with plain python, once per test process (several tests read its
+    output and time)."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root), MPLBACKEND="Agg")
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    proc = subprocess.run([sys.executable, path], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=60)
+    after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - start
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return LessonRun(proc.returncode, proc.stdout, proc.stderr, cpu, wall)
+
+
+@pytest.fixture(scope="session")
+def run_lesson():
+    """run_lesson(path) -> LessonRun, each lesson file run once per test process."""
+    return _run_lesson

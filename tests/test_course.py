@@ -5,10 +5,6 @@ solutions generate, and lessons define no library code."""
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,15 +26,14 @@ def test_the_course_has_its_lessons():
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
-def test_every_lesson_runs_with_plain_python_in_under_10_seconds(lesson):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(lesson.path("lesson"))], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
-    took = time.perf_counter() - start
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip(), "a lesson prints what it computes"
-    assert took < 10, f"{lesson.name} took {took:.1f} s; lessons must run in under 10 s"
+def test_every_lesson_runs_with_plain_python_in_under_10_seconds(lesson, run_lesson):
+    """Under 10 s of the processor (user + system time of the lesson's process: what it
+    costs, whatever else the machine runs; on a quiet machine that is its wall time)."""
+    run = run_lesson(str(lesson.path("lesson")))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip(), "a lesson prints what it computes"
+    assert run.cpu < 10, (f"{lesson.name} took {run.cpu:.1f} s of processor time ({run.wall:.1f} "
+                          "s wall); lessons must run in under 10 s")
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=IDS)

@@ -9,7 +9,6 @@ import textwrap
 import pytest
 
 from minipar.course import all_lessons
-from minipar.course.catalog import Lesson
 from minipar.course.corpus import (corpus_of, gaps, patched, right, run_case, run_corpus,
                                    touched, wrong)
 
@@ -84,13 +83,8 @@ def check_double(impl, x):
 
 
 @pytest.fixture
-def tiny_lesson(tmp_path):
-    d = tmp_path / "99_tiny"
-    d.mkdir()
-    (d / "lesson.py").write_text("# %% [markdown]\n# # Lesson 99 — Tiny\n#\n# One line.\n")
-    (d / "solution.py").write_text(SOLUTION)
-    (d / "grader.py").write_text(GRADER)
-    return Lesson("99", d)
+def tiny_lesson(make_lesson):
+    return make_lesson(SOLUTION, GRADER)
 
 
 def test_a_wrong_answer_with_its_hint_holds(tiny_lesson, tmp_path):

@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from minipar.course.catalog import Lesson
 from minipar.course.grading import grade
 
 SOLUTION = '''\
@@ -38,13 +37,8 @@ def check_triple(impl):
 
 
 @pytest.fixture
-def tiny(tmp_path):
-    d = tmp_path / "99_tiny"
-    d.mkdir()
-    (d / "lesson.py").write_text("# %% [markdown]\n# # Lesson 99 — Tiny\n#\n# One line.\n")
-    (d / "solution.py").write_text(SOLUTION)
-    (d / "grader.py").write_text(GRADER)
-    return Lesson("99", d)
+def tiny(make_lesson):
+    return make_lesson(SOLUTION, GRADER)
 
 
 @pytest.mark.timeout(30)

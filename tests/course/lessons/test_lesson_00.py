@@ -10,9 +10,6 @@ solution and the grader.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,12 +28,10 @@ S, B, V = 8192, 1, 128_256
 
 
 @pytest.fixture(scope="module")
-def printed():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
-    proc = subprocess.run([sys.executable, str(LESSON.path("lesson"))], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout.splitlines()
+def printed(run_lesson):
+    run = run_lesson(str(LESSON.path("lesson")))  # the run tests/test_course.py times
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout.splitlines()
 
 
 def line(printed, *words):

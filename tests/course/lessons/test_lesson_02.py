@@ -9,10 +9,7 @@ the grader's shortcut (activations proportional to the sequences) holds.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,12 +29,10 @@ A_NVLINK, A_IB = 1e-6, 5e-6  # seconds a step
 
 
 @pytest.fixture(scope="module")
-def printed():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
-    proc = subprocess.run([sys.executable, str(LESSON.path("lesson"))], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout.splitlines()
+def printed(run_lesson):
+    run = run_lesson(str(LESSON.path("lesson")))  # the run tests/test_course.py times
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout.splitlines()
 
 
 @pytest.fixture(scope="module")
