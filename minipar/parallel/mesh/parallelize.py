@@ -79,7 +79,8 @@ class Parallelized:
 
     def local_batch(self, ids: np.ndarray, targets: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's block of the global batch.  ids, targets: [s, B] -> [s, B/dp]."""
+        """This rank's block of the global batch.  ids, targets: [s, B] -> [s, B/dp].
+        (A pipeline's runner takes block d of each of its m micro-batches instead.)"""
         return split_data_parallel(ids, targets, *self.groups.batch_shard)
 
     def forward_backward(self, ids: np.ndarray, targets: np.ndarray,

@@ -138,7 +138,7 @@ def test_a_pipeline_with_dp_and_tp_trains_like_one_device(dpkit, data):
                            .filter(lambda c: sum(c) > 0), "layers")
         L = sum(layers)
     else:
-        layers, L = None, S + data.draw(st.integers(0, S), "layers beyond one per stage")
+        layers, L = None, S + data.draw(st.integers(0, 2), "layers beyond one per stage")
     tie = data.draw(st.booleans(), "tied") and not (p == 1 and S > 1 and zero == 3)
     clip = data.draw(st.sampled_from([None, 0.05]), "max_grad_norm")
     event(f"{name} p={p} v={v} dp={dp} tp={tp} zero={zero}")
@@ -155,7 +155,7 @@ def test_a_pipeline_with_dp_and_tp_trains_like_one_device(dpkit, data):
     check(dpkit, reference(cfg, batches, m, dpkit.OPT, clip), res)
 
 
-SWEEP = [(name, p, v) for p in (1, 2, 3, 4) for name, v in
+SWEEP = [(name, p, v) for p in (1, 2, 4) for name, v in
          (("1f1b", 1), ("interleaved_1f1b", 2))]
 
 
@@ -163,7 +163,7 @@ SWEEP = [(name, p, v) for p in (1, 2, 3, 4) for name, v in
 @pytest.mark.parametrize("name, p, v", SWEEP)
 def test_every_schedule_and_pipeline_size_with_dp_2(dpkit, name, p, v):
     """The sweep a draw may miss: 1F1B and interleaved 1F1B (GPipe is in the draws and the
-    fixed cases) on 1..4 pipeline ranks with dp = 2 under
+    fixed cases) on 1, 2 and 4 pipeline ranks (3 is in the draws) with dp = 2 under
     DDP, ZeRO-1 and ZeRO-3 in turn, tp = 2 with SP where the world stays <= 8, S + 1
     layers (uneven), m = 2p micro-batches, dropout on, tied unless ZeRO-3 holds both
     ends of the pipeline on one rank."""
