@@ -31,6 +31,7 @@ import minipar as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dp import main as dp_benchmark  # noqa: E402  (benchmarks/bench_dp.py)
 from bench_model import gpt_step_efficiency  # noqa: E402  (benchmarks/bench_model.py)
+from bench_pp import main as pp_benchmark  # noqa: E402  (benchmarks/bench_pp.py)
 from bench_tp import main as tp_benchmark  # noqa: E402  (benchmarks/bench_tp.py)
 
 
@@ -96,7 +97,7 @@ def barrier_floor(world: int, iters: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--only", choices=("runtime", "model", "dp", "tp", "mpi"),
+    ap.add_argument("--only", choices=("runtime", "model", "dp", "tp", "pp", "mpi"),
                     help="run one group of benchmarks (default: all)")
     args = ap.parse_args()
     if args.only in (None, "runtime"):
@@ -107,6 +108,8 @@ def main() -> None:
         dp_benchmark([])
     if args.only in (None, "tp"):
         tp_benchmark([])
+    if args.only in (None, "pp"):
+        pp_benchmark([])
     if args.only in (None, "mpi"):
         print(mpi_benchmark())
 
