@@ -7,7 +7,8 @@ latency against a bare threading.Barrier, a single-device GPT training step's mo
 FLOP/s against bare np.matmul's (benchmarks/bench_model.py), the wall time of a
 data-parallel step on 4 simulated ranks against one device (benchmarks/bench_dp.py), the
 wall time of a 2 x 2 (dp x tp) tensor-parallel step against one device
-(benchmarks/bench_tp.py), and, when mpi4py and mpiexec are installed (the [mpi] extra),
+(benchmarks/bench_tp.py), the wall time of a pp = 4 and a 2 x 2 x 2 (dp x pp x tp)
+pipeline step against one device (benchmarks/bench_pp.py), and, when mpi4py and mpiexec are installed (the [mpi] extra),
 the MPI backend's all_reduce against raw mpi4py, by running
 `mpiexec -n 4 python benchmarks/bench_mpi.py`.
 
