@@ -32,6 +32,7 @@ clock on simulated devices equals the dry run's to the nanosecond.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any, Callable
 
 import numpy as np
@@ -104,10 +105,11 @@ def runner_vs_dry_run(cfg: GPTConfig = MODEL, p: int = SMALL_P, m: int = SMALL_M
 
 def case(name: str, p: int, m: int, v: int, t_F: float, t_B: float) -> dict:
     """The dry run of p·v equal stages (a rank's block split into v chunks), no p2p cost."""
-    d = dry_run(lower(schedule(name, p, m, v)), {"F": t_F / v, "B": t_B / v})
-    return {"schedule": name, "p": p, "m": m, "v": v, "makespan": d.makespan,
+    d = dry_run(lower(schedule(name, p, m, v)),  # Fractions: every ratio exact
+                {"F": Fraction(t_F) / v, "B": Fraction(t_B) / v})
+    return {"schedule": name, "p": p, "m": m, "v": v, "makespan": float(d.makespan),
             "over_ideal": float(d.bubble_over_ideal), "idle_share": float(d.bubble_over_total),
-            "mfu_bound": 1 - float(d.bubble_over_total), "peak_in_flight": list(d.peak_in_flight),
+            "mfu_bound": float(1 - d.bubble_over_total), "peak_in_flight": list(d.peak_in_flight),
             "peak_activations": [float(x) for x in d.peak_activations]}
 
 
