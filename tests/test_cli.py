@@ -79,7 +79,8 @@ def test_tour_runs_and_reports(tmp_path, capsys):
     # part 9's collectives are on the tp group's own track, named after it
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
                if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert threads[(0, next(e["tid"] for e in xs if e["pid"] == 0 and e["ts"] >= starts[-1]
+    part9 = starts[numbers.index(9)]
+    assert threads[(0, next(e["tid"] for e in xs if e["pid"] == 0 and e["ts"] >= part9
                             and e["cat"] == "comm"))] == "comm tp [0, 1, 2, 3]"
 
 
