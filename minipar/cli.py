@@ -1,7 +1,7 @@
 """The `minipar` command.
 
     minipar tour [--trace PATH] [--ascii] [--width N] [--megabytes M]
-    minipar incident NAME          (a: TP across nodes, c: ZeRO-3 + activation checkpointing)
+    minipar incident NAME          (a: TP across nodes, b: the pipeline bubble, c: ZeRO-3 + activation checkpointing)
     minipar train [--steps N] [--batch B] [--micro-batches K] [--seq-len S] [--layers L]
                   [--hidden H] [--heads A] [--lr LR] [--warmup W] [--dtype D] [--seed N]
                   [--pp N] [--schedule NAME] [--chunks V]

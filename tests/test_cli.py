@@ -52,7 +52,7 @@ def test_tour_runs_and_reports(tmp_path, capsys):
                        r"equal within .*: (\w+)$", dp, re.M)
     assert len(equal) == 4 and all(e == "True" and float(d) < 1e-12 for d, e in equal)
     # tensor parallelism: Megatron's collectives per layer, Table 2 to the byte, one device
-    tp = out[out.index("9. Tensor and sequence parallelism"):]
+    tp = out[out.index("9. Tensor and sequence parallelism"):out.index("10. Pipeline")]
     assert re.search(r"^\s+tp\s+forward\s+all_reduce x2$", tp, re.M)
     assert re.search(r"^\s+tp \+ sp\s+forward\s+all_gather x2, reduce_scatter x2$", tp, re.M)
     table = re.findall(r"^\s+(one device|tp|tp \+ sp)\s+([\d,]+) B .* = \s*([\d,]+) B\s+"
@@ -67,10 +67,9 @@ def test_tour_runs_and_reports(tmp_path, capsys):
     assert any(e.get("name") == "all_reduce" and e["ph"] == "X" for e in events)
     # every part is in the trace, one after another, and each starts a section
     sections = [e for e in events if e["ph"] == "i"]
-    assert [s["name"].split(".")[0] for s in sections] == sorted(
-        s["name"].split(".")[0] for s in sections)
-    assert {s["name"].split(".")[0] for s in sections} == {"1", "2", "3", "4", "6", "7", "8",
-                                                          "9"}
+    numbers = [int(s["name"].split(".")[0]) for s in sections]
+    assert numbers == sorted(numbers)
+    assert set(numbers) == {1, 2, 3, 4, 6, 7, 8, 9, 10}
     starts = [s["ts"] for s in sections]
     assert starts == sorted(starts) and len(set(starts)) == len(starts)
     xs = [e for e in events if e["ph"] == "X"]
@@ -80,7 +79,8 @@ def test_tour_runs_and_reports(tmp_path, capsys):
     # part 9's collectives are on the tp group's own track, named after it
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
                if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert threads[(0, next(e["tid"] for e in xs if e["pid"] == 0 and e["ts"] >= starts[-1]
+    part9 = starts[numbers.index(9)]
+    assert threads[(0, next(e["tid"] for e in xs if e["pid"] == 0 and e["ts"] >= part9
                             and e["cat"] == "comm"))] == "comm tp [0, 1, 2, 3]"
 
 
@@ -192,3 +192,29 @@ def test_the_tour_uses_the_equivalence_tests_tolerance():
               if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)
               and t.id in ("RTOL", "ATOL_SCALE")}
     assert (DP_RTOL, DP_ATOL_SCALE) == (consts["RTOL"], consts["ATOL_SCALE"])
+
+
+def test_the_tours_pipeline_part_draws_the_schedule_and_measures_the_bubble():
+    """Part 10: the S r lines are 1F1B's lists (the trace's order), the ledger holds
+    min(p - r, m) micro-batches, the loss is one device's, and the measured idle share is
+    the dry run's of the measured stage times (the equal-stage formula printed beside)."""
+    from minipar.parallel.pp import Kind, schedule
+    from minipar.programs.tour import PARTS
+    from minipar.programs.tour.pipeline_parallel import M, PP, pipeline_parallel_part
+    assert PARTS[-1] is pipeline_parallel_part
+    lines = []
+    pipeline_parallel_part(lines.append)
+    out = "\n".join(lines)
+    assert lines[0].startswith("10. Pipeline parallelism")
+    drawn = re.findall(r"^\s+S(\d): (.*)$", out, re.M)
+    want = [" ".join(f"{a.kind.value}{a.microbatch}" for a in row
+                     if a.kind in (Kind.F, Kind.B)) for row in schedule("1f1b", PP, M)]
+    assert [int(r) for r, _ in drawn] == list(range(PP)) and [s for _, s in drawn] == want
+    held = re.search(r"one F's\): \[([\d., ]+)\]; min\(p - r, m\) = \[([\d, ]+)\]", out)
+    assert [float(x) for x in held.group(1).split(",")] == [min(PP - r, M) for r in range(PP)]
+    loss, one = re.search(r"loss ([\d.]+) \(one device ([\d.]+)\)", out).groups()
+    assert loss == one and float(re.search(r"worst relative difference ([\d.e+-]+)",
+                                           out).group(1)) < 1e-12
+    measured, formula, dry = re.search(r"measured: ([\d.]+) %; .* = ([\d.]+) % with equal "
+                                       r"stages; .*messages: ([\d.]+) %", out).groups()
+    assert measured == dry and formula == f"{100 * (PP - 1) / (M + PP - 1):.1f}"

@@ -95,7 +95,7 @@ def test_every_command_answers_any_flags_with_a_run_or_exit_2(command, data, cap
     argv = [command]
     if command in ("incident", "grade"):
         # real lesson numbers would run a grader per example: only names that must fail
-        # (incident c runs in tests/programs/test_incidents.py; a is the quick one)
+        # (incidents b (~3 s) and c run in tests/programs/test_incidents.py; a is the quick one)
         names = ["zz", "99", "", "-1", "b"] if command == "grade" else ["a", "zz", ""]
         argv.append(data.draw(st.sampled_from(names), "name"))
     for flag, takes_value in chosen:

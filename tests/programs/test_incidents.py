@@ -1,13 +1,14 @@
 """The incident cases reproduce their mechanism, on the numbers they return."""
 
 import contextlib
+from fractions import Fraction
 import io
 
 import pytest
 
 from minipar.cli import main
 from minipar.programs.incidents import INCIDENTS, get
-from minipar.programs.incidents import tp_across_nodes, zero3_recompute
+from minipar.programs.incidents import pipeline_bubble, tp_across_nodes, zero3_recompute
 from minipar.plan import best_segment, model_flops, segments_activation_bytes
 from minipar.runtime.topology import Topology
 
@@ -239,3 +240,94 @@ def test_cli_runs_incident_a(capsys, monkeypatch):
     assert main(["incident", "a"]) == 0
     out = capsys.readouterr().out
     assert "Incident A" in out and "tp=4 in node" in out and "vs fix" in out
+
+
+# ---- incident B: the pipeline bubble at PP = 64 ------------------------------------------
+@pytest.fixture(scope="module")
+def case_b():
+    """`minipar incident b` through the command: (what run returned, its lines, exit code)."""
+    returned = []
+    real = pipeline_bubble.run
+
+    def recording(*args, **kwargs):
+        returned.append(real(*args, **kwargs))
+        return returned[-1]
+
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp_, contextlib.redirect_stdout(out):
+        mp_.setattr(pipeline_bubble, "run", recording)
+        code = main(["incident", "b"])
+    assert len(returned) == 1, "minipar incident b no longer calls pipeline_bubble.run"
+    return returned[0], out.getvalue().splitlines(), code
+
+
+@pytest.mark.timeout(60)
+def test_incident_b_prints_the_bubble_formulas_of_each_case(case_b):
+    """Each row: over ideal (p - 1)/(v m), idle share (p - 1)/(v m + p - 1), MFU bound
+    v m/(v m + p - 1), computed here from p, m, v; 1F1B's peak in flight min(p - r, m)."""
+    result, lines, _ = case_b
+    cases = result["cases"]
+    assert [(c["m"], c["v"]) for c in cases.values()][:2] == [(4, 1), (32, 1)]
+    for key, c in cases.items():
+        p, m, v = c["p"], c["m"], c["v"]
+        assert p == 64
+        want = (Fraction(p - 1, v * m), Fraction(p - 1, v * m + p - 1),
+                Fraction(v * m, v * m + p - 1))
+        assert (c["over_ideal"], c["idle_share"]) == (float(want[0]), float(want[1])), key
+        assert c["mfu_bound"] == float(want[2]), key
+        row = next(line for line in lines if f"{m:>5}{v:>3}" in line)
+        for x in want:
+            assert f"{100 * float(x):.1f} %" in row, (key, row)
+        if v == 1:
+            assert c["peak_in_flight"] == [min(p - r, m) for r in range(p)], key
+        else:  # v chunks of 1/v of a rank's layers: never more than m micro-batches held
+            assert max(c["peak_activations"]) <= m
+    text = "\n".join(lines)
+    assert "1575.0 %" in text and "63/67 = 94.0 % idle" in text
+
+
+@pytest.mark.timeout(60)
+def test_incident_b_dry_run_makespan_is_m_plus_p_minus_1_stage_times(case_b):
+    result = case_b[0]
+    t = result["t_F"] + result["t_B"]
+    assert result["t_B"] == pytest.approx(2 * result["t_F"], rel=1e-9)  # one block's B: 2 F
+    for key, c in result["cases"].items():
+        p, m, v = c["p"], c["m"], c["v"]
+        assert c["makespan"] == pytest.approx((v * m + p - 1) * t / v, rel=1e-12), key
+
+
+@pytest.mark.timeout(60)
+def test_incident_b_runner_clock_equals_the_dry_run_at_the_small_size(case_b):
+    small = case_b[0]["small"]
+    assert (small["p"], small["m"]) == (pipeline_bubble.SMALL_P, pipeline_bubble.SMALL_M)
+    assert small["makespan"] > 1e-4 and len(small["clock"]) == small["p"]
+    for got, want in zip(small["clock"], small["predicted"]):
+        assert abs(got - want) < 1e-9
+    assert small["worst_ns"] < 1
+
+
+@pytest.mark.timeout(60)
+def test_incident_b_names_what_the_seeds_numbers_imply_and_what_51_percent_takes(case_b):
+    result, lines, _ = case_b
+    text, p = "\n".join(lines), 64
+    imp, need = result["implied"], result["needed"]
+    assert imp["at_seed"] == pytest.approx(0.28 * (4 + p - 1) / 4)      # 469 %: impossible
+    assert imp["at_fix"] == pytest.approx(0.51 * (32 + p - 1) / 32)     # 151 %: impossible
+    assert imp["at_seed"] > 1 and imp["at_fix"] > 1
+    assert f"{100 * imp['at_seed']:.0f} % MFU" in text and f"{100 * imp['at_fix']:.0f} %" in text
+    for key, stage in (("floor", 1.0), ("at_assumed", need["assumed_mfu"])):
+        m = need[key]  # the least m whose bound reaches 51 %
+        assert m / (m + p - 1) * stage >= 0.51 > (m - 1) / (m - 1 + p - 1) * stage, key
+        assert f"m >= {m}" in text
+    assert result["cases"]["needed"]["m"] == need["floor"]
+    inter = result["cases"]["interleaved"]
+    assert inter["m"] % p == 0 and inter["mfu_bound"] >= 0.51
+    with pytest.raises(ValueError, match="at most the stages' own MFU"):
+        pipeline_bubble.needed_m(p, 0.51, 0.5)
+
+
+@pytest.mark.timeout(60)
+def test_cli_runs_incident_b(case_b):
+    _, lines, code = case_b
+    assert code == 0 and "Incident B" in lines[0]
+    assert get("b") is pipeline_bubble and "b" in INCIDENTS

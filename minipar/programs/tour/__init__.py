@@ -6,6 +6,8 @@
     data_parallel.py    8    DDP and ZeRO-1/2/3: memory and traffic against the formulas
     tensor_parallel.py  9    Megatron tensor and sequence parallelism: collectives per layer,
                              activation memory against Table 2, gradients against one device
+    pipeline_parallel.py 10  a pp = 4 pipeline under 1F1B: its schedule from the trace, the
+                             activations in flight, one device's loss, the bubble measured
 
 Each part prints through `out` and checks what it shows against a formula or one device,
 and passes every launch it runs to `record`; `--trace` writes them all, one after another,
@@ -21,10 +23,11 @@ from .cluster import ALIGN_BYTES, MAX_MEGABYTES, TOPOLOGY, cluster_parts, tour_n
 from .common import Print, Recorder, ascii_print, to_ascii
 from .data_parallel import DP_ATOL_SCALE, DP_RTOL, data_parallel_part
 from .model import single_device_part
+from .pipeline_parallel import pipeline_parallel_part
 from .tensor_parallel import tensor_parallel_part
 
 #: the parts after the cluster's, in order: each takes `out` and `record`
-PARTS = (single_device_part, data_parallel_part, tensor_parallel_part)
+PARTS = (single_device_part, data_parallel_part, tensor_parallel_part, pipeline_parallel_part)
 
 
 def run_tour(out: Print = print, nbytes: int = 4 << 20, trace_path: Optional[str] = None,
