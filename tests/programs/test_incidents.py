@@ -13,12 +13,11 @@ from minipar.plan import best_segment, model_flops, segments_activation_bytes
 from minipar.runtime.topology import Topology
 
 
-@pytest.fixture(scope="module")
-def case_c():
-    """`minipar incident c`, run once through the command: (the numbers its run returned,
+def through_the_command(name: str, module):
+    """`minipar incident NAME`, run once through the command: (what module.run returned,
     the lines it printed, its exit status)."""
     returned = []
-    real = zero3_recompute.run
+    real = module.run
 
     def recording(*args, **kwargs):
         returned.append(real(*args, **kwargs))
@@ -26,10 +25,15 @@ def case_c():
 
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as mp_, contextlib.redirect_stdout(out):
-        mp_.setattr(zero3_recompute, "run", recording)
-        code = main(["incident", "c"])
-    assert len(returned) == 1, "minipar incident c no longer calls zero3_recompute.run"
+        mp_.setattr(module, "run", recording)
+        code = main(["incident", name])
+    assert len(returned) == 1, f"minipar incident {name} no longer calls {module.__name__}.run"
     return returned[0], out.getvalue().splitlines(), code
+
+
+@pytest.fixture(scope="module")
+def case_c():
+    return through_the_command("c", zero3_recompute)
 
 
 @pytest.mark.timeout(120)
@@ -245,20 +249,7 @@ def test_cli_runs_incident_a(capsys, monkeypatch):
 # ---- incident B: the pipeline bubble at PP = 64 ------------------------------------------
 @pytest.fixture(scope="module")
 def case_b():
-    """`minipar incident b` through the command: (what run returned, its lines, exit code)."""
-    returned = []
-    real = pipeline_bubble.run
-
-    def recording(*args, **kwargs):
-        returned.append(real(*args, **kwargs))
-        return returned[-1]
-
-    out = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp_, contextlib.redirect_stdout(out):
-        mp_.setattr(pipeline_bubble, "run", recording)
-        code = main(["incident", "b"])
-    assert len(returned) == 1, "minipar incident b no longer calls pipeline_bubble.run"
-    return returned[0], out.getvalue().splitlines(), code
+    return through_the_command("b", pipeline_bubble)
 
 
 @pytest.mark.timeout(60)
