@@ -24,7 +24,7 @@ import minipar as mp
 from minipar.data.batches import split_microbatches
 from minipar.nn import GPT
 from minipar.optim import AdamW, clip_grad_norm_
-from minipar.parallel import ParallelDims, parallelize
+from minipar.parallel import ParallelDims, ShardingStrategy, parallelize
 from minipar.parallel.checkpoint.full_state import parameter_of
 from minipar.runtime.collectives import all_gather
 
@@ -186,6 +186,8 @@ CASES = [  # (dims, engine and pipeline, layers): the compositions a draw may mi
                                                 schedule="1f1b"), [1, 2]),
     (ParallelDims(dp_replicate=2, pp=4), dict(zero=0, schedule="gpipe"), [2, 0, 0, 1]),
     (ParallelDims(dp_shard=2, pp=4), dict(zero=2, schedule="1f1b"), None),
+    (ParallelDims(dp_replicate=2, dp_shard=2, pp=2),
+     dict(sharding_strategy=ShardingStrategy.HYBRID_SHARD, schedule="1f1b"), None),
 ]
 
 
@@ -193,8 +195,8 @@ CASES = [  # (dims, engine and pipeline, layers): the compositions a draw may mi
 @pytest.mark.parametrize("dims, kw, layers", CASES)
 def test_fixed_compositions_with_dropout_clipping_and_tied_embeddings(dpkit, dims, kw, layers):
     """dp x pp x tp = 2 x 2 x 2 under ZeRO-1 (interleaved) and ZeRO-3 (1F1B, uneven), an
-    empty-stage pipeline under DDP, ZeRO-2 on pp = 4; 4 micro-batches each, every mask on
-    and the clip active on every step."""
+    empty-stage pipeline under DDP, ZeRO-2 on pp = 4, HYBRID_SHARD (2 x 2) on pp = 2; 4
+    micro-batches each, every mask on and the clip active on every step."""
     m = 4
     cfg = tiny(dpkit, num_layers=sum(layers) if layers else 5, tie_embeddings=True,
                dropout=0.1, seed=dims.world_size)
