@@ -49,17 +49,6 @@ def session(kit, cfg, dims, pipe, batches, *, load_from=None, resave_to=None, sa
     return np.mean([r[0] for r in res if r[2]], axis=0), state
 
 
-def assert_continues(kit, state, want):
-    assert sorted(state) == sorted(want)
-    kind = lambda k: k.rsplit(".", 1)[1] if k.startswith("optim/") else k.split("/")[0]
-    scale: dict = {}
-    for k, a in want.items():
-        scale[kind(k)] = max(scale.get(kind(k), 0.0), float(np.abs(a).max()))
-    for k, a in want.items():
-        np.testing.assert_allclose(state[k], a, rtol=kit.RTOL,
-                                   atol=kit.ATOL_SCALE * scale[kind(k)], err_msg=k)
-
-
 PP2 = (ParallelDims(pp=2, tp=2), dict(schedule="1f1b", microbatches=2))
 
 
@@ -102,7 +91,7 @@ def test_a_pp2_save_loads_at_pp1_and_pp4_bit_for_bit_and_continues(dpkit, tmp_pa
         if not pipe:
             continue  # the whole batch's masks: loaded bit for bit, trained otherwise
         dpkit.assert_close(losses, straight[2:], what=f"losses resumed on {dims} {pipe}")
-        assert_continues(dpkit, state, end)
+        dpkit.assert_state_close_by_kind(state, end)
 
 
 @pytest.mark.timeout(60)

@@ -25,13 +25,13 @@ def _valid(name, pp, m, chunks=1):
 @given(pp=sizes["pp"], m=sizes["m"])
 def test_gpipe_and_1f1b_validate_for_every_size(pp, m):
     for name in ("gpipe", "1f1b"):
-        _valid(name, pp, m)
+        assert sum(map(len, _valid(name, pp, m))) == 2 * pp * m  # one F and one B each
 
 
 @given(pm=grouped, chunks=sizes["chunks"])
 def test_interleaved_validates_for_every_size_it_accepts(pm, chunks):
     pp, m = pm
-    _valid("interleaved_1f1b", pp, m, chunks)
+    assert sum(map(len, _valid("interleaved_1f1b", pp, m, chunks))) == 2 * pp * chunks * m
 
 
 def test_gpipe_is_all_forwards_then_all_backwards():
