@@ -37,11 +37,11 @@ def watch(world, threads: list[threading.Thread], timeout: float) -> tuple[bool,
     fired = False
     while not fired and any(t.is_alive() for t in threads):
         next(t for t in threads if t.is_alive()).join(poll)
-        with world.cond:
+        with world.lock:
             if world.error is not None:
                 break
             idle = time.monotonic() - world.progress
-            if world.waiting and idle >= timeout:
+            if world.waiting and not world.computing and idle >= timeout:
                 world.error = CollectiveTimeoutError(_report(world, threads, timeout, idle))
                 world._changed()
                 fired = True

@@ -17,11 +17,18 @@ has been matched; under eager, messages nobody received are reported when the ru
 Diagnosis instead of hangs. A rank that must block records what it waits for. When every
 rank that has not finished is blocked and none of their waits can be satisfied, nothing
 can ever happen again: the world fails at once with a `DeadlockError` listing each rank.
-Blocked threads sleep on one condition variable (no busy waiting) and are woken by every
-change of state (`_changed`, which also stamps `progress` for the watchdog of
-runtime/watchdog.py); when one rank fails, all of them wake and leave with `WorldAborted`.
 A wait may carry a deadline (`Work.wait(timeout=)`): past it, the waiting rank raises
 `CollectiveTimeoutError`.
+
+Wake-ups. One lock guards the world's state; each rank sleeps on a condition of its own
+over that lock (no busy waiting). Every change of state (`_changed`, which also stamps
+`progress` for the watchdog of runtime/watchdog.py) re-checks the sleepers' predicates
+and wakes only the ranks whose wait is now satisfied: a message wakes its receiver, a
+posted recv its sender, a complete collective its members; a failure wakes them all, and
+they leave with `WorldAborted`. (One condition shared by all would wake every sleeper at
+every change, to take the interpreter lock back and find nothing to do: benchmarks/README.)
+The last rank to arrive at a collective computes the results outside the lock, so the
+other ranks' sends, receives and arrivals do not queue behind it.
 """
 
 from __future__ import annotations
@@ -61,9 +68,12 @@ RENDEZVOUS_HINT = "send blocks until the receiver posts its recv"
 
 
 class _Waiting:
+    """What a blocked rank waits for; `woken` once a change has satisfied it."""
+
     def __init__(self, predicate: Callable[[], bool], describe: Callable[[], str]):
         self.predicate = predicate
         self.describe = describe
+        self.woken = False
 
 
 class SimHandle:
@@ -76,13 +86,13 @@ class SimHandle:
         self._outcome: Optional[Outcome] = None
 
     def is_completed(self) -> bool:
-        with self._world.cond:
+        with self._world.lock:
             return self._outcome is not None or self._ready()
 
     def wait(self) -> Outcome:
         if self._outcome is None:
             w = self._world
-            with w.cond:
+            with w.lock:
                 w.block_until(self._rank, self._ready, self._describe)
                 self._outcome = self._take()
         return self._outcome
@@ -98,7 +108,9 @@ class SimWorld:
             raise ValueError(f"sends={sends!r}: expected one of {SENDS}")
         self.world_size = world_size
         self.sends = sends
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()  # guards everything below
+        self.wakeup = [threading.Condition(self.lock) for _ in range(world_size)]  # per rank
+        self.computing = 0  # collectives whose last arrival computes results (lock released)
         self.progress = time.monotonic()  # wall time of the last change of state
         self.last_call: dict[int, tuple] = {}  # rank -> its latest call: (format, *args)
         self.deadlines: dict[int, tuple[float, float]] = {}  # rank -> (deadline, timeout)
@@ -114,20 +126,25 @@ class SimWorld:
 
     # ---- lifecycle -----------------------------------------------------------------
     def _changed(self) -> None:
-        """Something happened: stamp the watchdog's clock and wake every waiter."""
+        """Something happened: stamp the watchdog's clock, and wake each sleeping rank
+        whose wait it satisfied (every one of them once the world has failed)."""
         self.progress = time.monotonic()
-        self.cond.notify_all()
+        failed = self.error is not None
+        for rank, w in self.waiting.items():
+            if not w.woken and (failed or w.predicate()):
+                w.woken = True
+                self.wakeup[rank].notify()
 
     def fail(self, error: BaseException) -> None:
         """Record the first failure and wake every blocked rank so it can leave."""
-        with self.cond:
+        with self.lock:
             if self.error is None:
                 self.error = error
             self._changed()
 
     def finish(self, rank: int) -> None:
         """Rank returned from its program; if the others now wait forever, say so."""
-        with self.cond:
+        with self.lock:
             self.finished.add(rank)
             self.waiting.pop(rank, None)
             self._check_deadlock()
@@ -137,7 +154,7 @@ class SimWorld:
         if self.error is not None:
             raise WorldAborted(f"stopped because another rank failed: {self.error}")
 
-    # ---- blocking with deadlock detection (call with self.cond held) ----------------
+    # ---- blocking with deadlock detection (call with self.lock held) ----------------
     def block_until(self, rank: int, ready: Callable[[], bool], describe: Callable[[], str]):
         deadline = self.deadlines.get(rank)
         while True:
@@ -149,7 +166,7 @@ class SimWorld:
             if self._check_deadlock():
                 raise self.error
             if deadline is None:
-                self.cond.wait()
+                self.wakeup[rank].wait()
                 continue
             left = deadline[0] - time.monotonic()
             if left <= 0:
@@ -158,7 +175,7 @@ class SimWorld:
                     f"rank {rank}: Work.wait(timeout={deadline[1]:g}) expired, still waiting "
                     f"in {describe()}. torch raises the same when a wait times out; find the "
                     "rank that never arrived, or wait longer")
-            self.cond.wait(left)
+            self.wakeup[rank].wait(left)
 
     @contextlib.contextmanager
     def deadline(self, rank: int, seconds: float):
@@ -201,7 +218,7 @@ class SimWorld:
     def collective(self, call: Call) -> SimHandle:
         g = call.group
         me = g.group_rank(call.rank)
-        with self.cond:
+        with self.lock:
             self._check_alive()
             ckey = (call.rank, g.key)
             index = self.counters.get(ckey, 0)
@@ -213,9 +230,19 @@ class SimWorld:
             if first is not None and first.signature != call.signature:
                 self._mismatch(slot, g, index)
             self.last_call[call.rank] = ("{} on group {} at {}", call.kind, g, call.where)
-            if len(slot.calls) == g.size:
-                self._complete(slot)
-                self._changed()
+            last = len(slot.calls) == g.size
+            if last:
+                self.computing += 1
+        if last:  # the results, outside the lock; the members wait for slot.outcomes
+            outcomes = None
+            try:
+                outcomes = _outcomes(slot)
+            finally:
+                with self.lock:
+                    self.computing -= 1
+                    if outcomes is not None:
+                        slot.outcomes = outcomes
+                        self._changed()
 
         def ready() -> bool:
             return slot.outcomes is not None
@@ -248,28 +275,18 @@ class SimWorld:
         self._changed()
         raise self.error
 
-    def _complete(self, slot: _Slot) -> None:
-        """The last arrival computes every member's result through the reference."""
-        calls = [slot.calls[i] for i in range(slot.size)]
-        payloads = [c.payload for c in calls]
-        results = REFERENCES[calls[0].ref_kind](payloads, **calls[0].params)
-        results = _dealias(results, payloads)
-        start = max(c.local_start for c in calls)
-        infos = [c.size_info for c in calls] if calls[0].size_info is not None else None
-        slot.outcomes = [Outcome(r, start, infos) for r in results]
-
     # ---- point to point -------------------------------------------------------------
     def send(self, rank: int, array, dst: int, tag: int, arrival: float,
              where: str) -> SimHandle:
         """Deliver a copy to dst's mailbox; the handle completes once dst has posted the
         matching recv (rendezvous) or at once (eager)."""
-        with self.cond:
+        message = _Message(np.array(array, copy=True), arrival, where)  # outside the lock
+        with self.lock:
             self._check_alive()
             key = (rank, dst, tag)
             seq = self.sent.get(key, 0)
             self.sent[key] = seq + 1
-            self.mail.setdefault(key, {})[seq] = _Message(np.array(array, copy=True),
-                                                          arrival, where)
+            self.mail.setdefault(key, {})[seq] = message
             self.last_call[rank] = ("send(dst={}, tag={}) at {}", dst, tag, where)
             if self.sends == "rendezvous":
                 mine = self.unsettled.setdefault(rank, [])
@@ -288,7 +305,7 @@ class SimWorld:
         return SimHandle(self, rank, ready, lambda: Outcome(None, arrival), describe)
 
     def recv(self, rank: int, src: int, tag: int, where: str) -> SimHandle:
-        with self.cond:
+        with self.lock:
             self._check_alive()
             key = (src, rank, tag)
             seq = self.posted.get(key, 0)
@@ -312,7 +329,7 @@ class SimWorld:
     def settle_sends(self, rank: int) -> None:
         """At the end of rank's program (rendezvous): wait until every send it started has
         been matched by a posted recv; one never matched ends in a DeadlockError."""
-        with self.cond:
+        with self.lock:
             mine = self.unsettled.pop(rank, [])
             if not mine:
                 return
@@ -339,6 +356,18 @@ class SimWorld:
                     lines.append(f"rank {src} -> rank {dst}, tag {tag}: message #{seq} sent at "
                                  f"{msg.where} was never received")
         return lines
+
+
+def _outcomes(slot: _Slot) -> list[Outcome]:
+    """Every member's result through the reference, in group order (the last arrival
+    computes them; no other rank touches a complete slot until its outcomes are set)."""
+    calls = [slot.calls[i] for i in range(slot.size)]
+    payloads = [c.payload for c in calls]
+    results = REFERENCES[calls[0].ref_kind](payloads, **calls[0].params)
+    results = _dealias(results, payloads)
+    start = max(c.local_start for c in calls)
+    infos = [c.size_info for c in calls] if calls[0].size_info is not None else None
+    return [Outcome(r, start, infos) for r in results]
 
 
 def _dealias(results: list, payloads: list) -> list:
