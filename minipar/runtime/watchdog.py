@@ -1,6 +1,6 @@
 """The watchdog of `launch(..., timeout=T)`: ranks waited and nothing happened for T seconds.
 
-A deadlock inside minipar is diagnosed at once (backends/sim.py). What the runtime cannot
+A deadlock inside minipar is diagnosed at once (backends/waits.py). What the runtime cannot
 see is a rank that never comes back to it: spinning in a loop, sleeping, computing for
 ever, waiting on a lock or a queue of its own. Its peers wait for it without end. NCCL's
 watchdog ends such a job when a collective has not completed for its timeout (10 minutes

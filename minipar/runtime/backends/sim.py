@@ -14,36 +14,23 @@ diagnosed. `sends="eager"`: at once, like a buffered MPI send. A receive blocks 
 message is there. Under rendezvous a rank's program ends only once every send it started
 has been matched; under eager, messages nobody received are reported when the run ends.
 
-Diagnosis instead of hangs. A rank that must block records what it waits for. When every
-rank that has not finished is blocked and none of their waits can be satisfied, nothing
-can ever happen again: the world fails at once with a `DeadlockError` listing each rank.
-A wait may carry a deadline (`Work.wait(timeout=)`): past it, the waiting rank raises
-`CollectiveTimeoutError`.
-
-Wake-ups. One lock guards the world's state; each rank sleeps on a condition of its own
-over that lock (no busy waiting). Every change of state (`_changed`, which also stamps
-`progress` for the watchdog of runtime/watchdog.py) re-checks the sleepers' predicates
-and wakes only the ranks whose wait is now satisfied: a message wakes its receiver, a
-posted recv its sender, a complete collective its members; a failure wakes them all, and
-they leave with `WorldAborted`. (One condition shared by all would wake every sleeper at
-every change, to take the interpreter lock back and find nothing to do: benchmarks/README.)
-The last rank to arrive at a collective computes the results outside the lock, so the
-other ranks' sends, receives and arrivals do not queue behind it.
+Blocking, wake-ups and the diagnosis of deadlocks are in backends/waits.py (`RankWaits`,
+which `SimWorld` extends): a blocked rank sleeps until a change satisfies its own wait.
+The last rank to arrive at a collective computes the results outside the world's lock, so
+the other ranks' sends, receives and arrivals do not queue behind it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..errors import CollectiveMismatchError, CollectiveTimeoutError, DeadlockError, WorldAborted
+from ..errors import CollectiveMismatchError
 from ..reference import REFERENCES
 from .base import Call, Outcome
+from .waits import RankWaits
 
 
 @dataclass
@@ -65,15 +52,6 @@ class _Message:
 
 SENDS = ("rendezvous", "eager")
 RENDEZVOUS_HINT = "send blocks until the receiver posts its recv"
-
-
-class _Waiting:
-    """What a blocked rank waits for; `woken` once a change has satisfied it."""
-
-    def __init__(self, predicate: Callable[[], bool], describe: Callable[[], str]):
-        self.predicate = predicate
-        self.describe = describe
-        self.woken = False
 
 
 class SimHandle:
@@ -98,121 +76,23 @@ class SimHandle:
         return self._outcome
 
 
-class SimWorld:
-    """Shared state of one simulated run: slots, mailboxes, who waits for what."""
+class SimWorld(RankWaits):
+    """Shared state of one simulated run: slots and mailboxes (who waits for what, and
+    the lock that guards it all: RankWaits)."""
 
     name = "sim"
 
     def __init__(self, world_size: int, sends: str = "rendezvous"):
         if sends not in SENDS:
             raise ValueError(f"sends={sends!r}: expected one of {SENDS}")
-        self.world_size = world_size
+        super().__init__(world_size)
         self.sends = sends
-        self.lock = threading.Lock()  # guards everything below
-        self.wakeup = [threading.Condition(self.lock) for _ in range(world_size)]  # per rank
-        self.computing = 0  # collectives whose last arrival computes results (lock released)
-        self.progress = time.monotonic()  # wall time of the last change of state
-        self.last_call: dict[int, tuple] = {}  # rank -> its latest call: (format, *args)
-        self.deadlines: dict[int, tuple[float, float]] = {}  # rank -> (deadline, timeout)
         self.unsettled: dict[int, list] = {}  # rank -> its sends (key, seq, dst, tag, where)
         self.slots: dict[tuple, _Slot] = {}
         self.counters: dict[tuple, int] = {}  # (rank, group key) -> next call index
         self.mail: dict[tuple, dict[int, _Message]] = {}  # (src, dst, tag) -> seq -> msg
         self.sent: dict[tuple, int] = {}
         self.posted: dict[tuple, int] = {}
-        self.waiting: dict[int, _Waiting] = {}
-        self.finished: set[int] = set()
-        self.error: Optional[BaseException] = None
-
-    # ---- lifecycle -----------------------------------------------------------------
-    def _changed(self) -> None:
-        """Something happened: stamp the watchdog's clock, and wake each sleeping rank
-        whose wait it satisfied (every one of them once the world has failed)."""
-        self.progress = time.monotonic()
-        failed = self.error is not None
-        for rank, w in self.waiting.items():
-            if not w.woken and (failed or w.predicate()):
-                w.woken = True
-                self.wakeup[rank].notify()
-
-    def fail(self, error: BaseException) -> None:
-        """Record the first failure and wake every blocked rank so it can leave."""
-        with self.lock:
-            if self.error is None:
-                self.error = error
-            self._changed()
-
-    def finish(self, rank: int) -> None:
-        """Rank returned from its program; if the others now wait forever, say so."""
-        with self.lock:
-            self.finished.add(rank)
-            self.waiting.pop(rank, None)
-            self._check_deadlock()
-            self._changed()
-
-    def _check_alive(self) -> None:
-        if self.error is not None:
-            raise WorldAborted(f"stopped because another rank failed: {self.error}")
-
-    # ---- blocking with deadlock detection (call with self.lock held) ----------------
-    def block_until(self, rank: int, ready: Callable[[], bool], describe: Callable[[], str]):
-        deadline = self.deadlines.get(rank)
-        while True:
-            self._check_alive()
-            if ready():
-                self.waiting.pop(rank, None)
-                return
-            self.waiting[rank] = _Waiting(ready, describe)
-            if self._check_deadlock():
-                raise self.error
-            if deadline is None:
-                self.wakeup[rank].wait()
-                continue
-            left = deadline[0] - time.monotonic()
-            if left <= 0:
-                self.waiting.pop(rank, None)
-                raise CollectiveTimeoutError(
-                    f"rank {rank}: Work.wait(timeout={deadline[1]:g}) expired, still waiting "
-                    f"in {describe()}. torch raises the same when a wait times out; find the "
-                    "rank that never arrived, or wait longer")
-            self.wakeup[rank].wait(left)
-
-    @contextlib.contextmanager
-    def deadline(self, rank: int, seconds: float):
-        """Waits of `rank` inside this block raise CollectiveTimeoutError after `seconds`."""
-        self.deadlines[rank] = (time.monotonic() + seconds, seconds)
-        try:
-            yield
-        finally:
-            self.deadlines.pop(rank, None)
-
-    def _check_deadlock(self) -> bool:
-        """True (and the world failed with a DeadlockError) if no live rank can proceed."""
-        if self.error is not None:
-            return False
-        live = [r for r in range(self.world_size) if r not in self.finished]
-        if not live or any(r not in self.waiting for r in live):
-            return False
-        if any(self.waiting[r].predicate() for r in live):
-            return False
-        lines = ["deadlock: every live rank is blocked and none of them can proceed."]
-        for r in range(self.world_size):
-            state = ("finished (returned from its program)" if r in self.finished
-                     else "waiting in " + self.waiting[r].describe())
-            lines.append(f"  rank {r}: {state}")
-        lines.append("Check that every rank of each group makes the same collective calls in "
-                     "the same order, and that every recv has a matching send.")
-        if any(self.waiting[r].describe().startswith("send(") for r in live):
-            lines.append(
-                "A blocking send returns only once its receiver has posted the matching recv "
-                "(launch(..., sends='rendezvous'), as on NCCL and with MPI_Ssend): when every "
-                "rank of a ring sends before it receives, all of them wait forever. Post both "
-                "sides at once (isend, then recv, then wait on the send; or "
-                "batch_isend_irecv), or alternate by parity: even ranks send first, odd ranks "
-                "receive first.")
-        self.error = DeadlockError("\n".join(lines))
-        self._changed()
-        return True
 
     # ---- collectives -----------------------------------------------------------------
     def collective(self, call: Call) -> SimHandle:
