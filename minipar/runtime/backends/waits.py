@@ -47,6 +47,7 @@ class RankWaits:
         self.lock = threading.Lock()  # guards the world's state, here and in SimWorld
         self.wakeup = [threading.Condition(self.lock) for _ in range(world_size)]  # per rank
         self.waiting: dict[int, _Waiting] = {}  # rank -> what it sleeps on
+        self.wakeups = [0] * world_size  # how often each rank was woken (tests read it)
         self.finished: set[int] = set()
         self.error: Optional[BaseException] = None
         self.progress = time.monotonic()  # wall time of the last change of state
@@ -63,6 +64,7 @@ class RankWaits:
         for rank, w in self.waiting.items():
             if not w.woken and (failed or w.predicate()):
                 w.woken = True
+                self.wakeups[rank] += 1
                 self.wakeup[rank].notify()
 
     def fail(self, error: BaseException) -> None:
