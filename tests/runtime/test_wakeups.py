@@ -2,7 +2,7 @@
 
 - a blocked rank is woken only by the change that satisfies its wait: a receiver by its
   own message, however much else happens in the world meanwhile; the members of a
-  collective once, when it completes;
+  collective once, when it completes; every sleep ends with exactly one wake-up;
 - a failure still wakes every blocked rank, which leaves with WorldAborted;
 - a deadlock among 3 of 8 ranks, while the other 5 communicate and finish, is reported
   with every rank's state;
@@ -88,6 +88,32 @@ def test_the_members_of_a_collective_are_woken_once_when_it_completes():
     result = mp.launch(program, 5, sends="eager")
     assert result == [6.0] * 4 + [[float(i) for i in range(10)]]
     assert result.contexts[0].backend.wakeups[:3] == [1, 1, 1]
+
+
+@pytest.mark.timeout(30)
+def test_every_sleep_ends_with_exactly_one_wake_up_in_a_pipeline_like_program():
+    """4 ranks: a chain of p2p (0 -> 1 -> 2 -> 3 and back, as a pipeline's forward and
+    backward) with an all-reduce over {0, 2} and one over {1, 3} after each round, 10
+    rounds. Many waits sleep; each is woken once, never to find its wait unsatisfied."""
+    def program(ctx):
+        r = ctx.rank
+        g = mp.new_group([0, 2] if r % 2 == 0 else [1, 3])
+        x = np.full(4, float(r))
+        for _ in range(10):
+            if r > 0:
+                x = mp.recv(src=r - 1)
+            if r < 3:
+                mp.send(x + 1, dst=r + 1)
+                x = mp.recv(src=r + 1)
+            if r > 0:
+                mp.send(x * 2, dst=r - 1)
+            x = mp.all_reduce(x, group=g) / 2
+        return x[0]
+
+    result = mp.launch(program, 4)
+    world = result.contexts[0].backend
+    assert sum(world.sleeps) > 0
+    assert world.wakeups == world.sleeps
 
 
 @pytest.mark.timeout(20)

@@ -47,7 +47,8 @@ class RankWaits:
         self.lock = threading.Lock()  # guards the world's state, here and in SimWorld
         self.wakeup = [threading.Condition(self.lock) for _ in range(world_size)]  # per rank
         self.waiting: dict[int, _Waiting] = {}  # rank -> what it sleeps on
-        self.wakeups = [0] * world_size  # how often each rank was woken (tests read it)
+        self.sleeps = [0] * world_size  # how often each rank went to sleep in a wait
+        self.wakeups = [0] * world_size  # how often each rank was woken (one per sleep)
         self.finished: set[int] = set()
         self.error: Optional[BaseException] = None
         self.progress = time.monotonic()  # wall time of the last change of state
@@ -98,6 +99,7 @@ class RankWaits:
             self.waiting[rank] = _Waiting(ready, describe)
             if self._check_deadlock():
                 raise self.error
+            self.sleeps[rank] += 1
             if deadline is None:
                 self.wakeup[rank].wait()
                 continue
