@@ -192,20 +192,18 @@ def test_sends_and_receives_go_on_while_a_last_arrival_computes(monkeypatch):
         got.set()
         return out
 
-    start = time.monotonic()
     result = mp.launch(program, 4)
     assert seen == {"set": True}
-    assert time.monotonic() - start < 4.0
     assert result == [[3.0, 3.0], [3.0, 3.0], None, [1.0, 1.0]]
 
 
 @pytest.mark.timeout(30)
 def test_the_watchdog_waits_for_a_last_arrival_that_computes(monkeypatch):
-    """A reference that takes 0.6 s, under launch(timeout=0.2): the members wait that long
+    """A reference that takes 1.5 s, under launch(timeout=0.5): the members wait that long
     with no change of state, but the run is computing, not hung; it ends normally."""
-    _slow_reference(monkeypatch, 0.6)
+    _slow_reference(monkeypatch, 1.5)
 
     def program(ctx):
         return mp.all_reduce(np.full(2, float(ctx.rank)))[0]
 
-    assert mp.launch(program, 3, timeout=0.2) == [3.0] * 3
+    assert mp.launch(program, 3, timeout=0.5) == [3.0] * 3
