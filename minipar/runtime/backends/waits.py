@@ -48,7 +48,8 @@ class RankWaits:
         self.wakeup = [threading.Condition(self.lock) for _ in range(world_size)]  # per rank
         self.waiting: dict[int, _Waiting] = {}  # rank -> what it sleeps on
         self.sleeps = [0] * world_size  # how often each rank went to sleep in a wait
-        self.wakeups = [0] * world_size  # how often each rank was woken (one per sleep)
+        self.wakeups = [0] * world_size  # how often each rank was woken; equal to sleeps
+        # in a run where no wait times out and nothing fails
         self.finished: set[int] = set()
         self.error: Optional[BaseException] = None
         self.progress = time.monotonic()  # wall time of the last change of state
