@@ -8,8 +8,11 @@ from fractions import Fraction
 import pytest
 from hypothesis import assume, given, strategies as st
 
-from minipar.parallel.pp import (F, I, W, Action, ScheduleError, check_deadlock, dry_run,
-                                 format_schedule, lower, schedule, validate_schedule)
+from minipar import device
+from minipar.nn import GPT, GPTConfig
+from minipar.parallel.pp import (F, I, W, Action, ScheduleError, build_stages, check_deadlock,
+                                 dry_run, format_schedule, lower, placement, schedule,
+                                 validate_schedule)
 
 p_ = st.integers(1, 6)
 t_ = st.fractions(min_value=Fraction(1, 4), max_value=4, max_denominator=8)
@@ -175,3 +178,50 @@ def test_a_v_schedule_refuses_other_chunk_counts(name):
 def test_one_stage_zero_bubble_schedules_refuse_chunks(name):
     with pytest.raises(ScheduleError, match=rf"'{name}' runs one stage per rank, got chunks=2"):
         schedule(name, 2, 4, chunks=2)
+
+
+# the manual order drawn in a comment of the zero-bubble repository's scheduler (sail-sg,
+# megatron/core/pipeline_parallel/zerobubble/scheduler/zb.py), p = 4, m = 12: f = F,
+# b = I, w = W, one rank a line
+SAIL_MANUAL_ORDER = """fffffffbfbfbfbfbfbwbwbwbwbwbwbwwwwww
+fffffbfbfbfbfbfbfbfbwbwbwbwbwwwwwwww
+fffbfbfbfbfbfbfbfbfbfbwbwbwwwwwwwwww
+fbfbfbfbfbfbfbfbfbfbfbfbwwwwwwwwwwww"""
+
+
+def test_zb_h2_reaches_the_manual_orders_zero_bubble_in_2p_minus_1_not_m():
+    """The repository's manual order has the same warm-up (2(p - r) - 1 forwards) and the
+    same zero steady bubble at equal times, but runs every F as soon as it can and defers
+    W's to the end, so every rank holds all m micro-batches; zb_h2 caps them at 2p - 1
+    (the paper's ZB-H2 memory) and keeps the zero."""
+    rows = []
+    for r, text in enumerate(SAIL_MANUAL_ORDER.split()):
+        seen = {"f": 0, "b": 0, "w": 0}
+        row = []
+        for ch in text:
+            row.append(Action(r, {"f": F, "b": I, "w": W}[ch], seen[ch]))
+            seen[ch] += 1
+        rows.append(row)
+    equal = {"F": 1, "I": 1, "W": 1}
+    manual, h2 = dry_run(lower(rows), equal), run("zb_h2", 4, 12, **equal)
+    assert manual.steady_bubble_over_ideal == h2.steady_bubble_over_ideal == 0
+    assert manual.makespan == h2.makespan == 3 * 12 + 3
+    assert manual.peak_in_flight == (12,) * 4 and h2.peak_in_flight == (7,) * 4
+    assert [row[:2 * (4 - r) - 1] for r, row in enumerate(rows)] == \
+        [row[:2 * (4 - r) - 1] for r, row in enumerate(schedule("zb_h2", 4, 12))]
+
+
+@pytest.mark.parametrize("name", ["zbv", "dualpipev"])
+def test_the_stages_are_built_from_the_schedules_placement_not_s_mod_p(name):
+    """build_stages reads the placement from the lists: under a V rank r holds stages r and
+    2p - 1 - r (rank 0 the embedding and the loss, the last rank the turn)."""
+    p = 3
+    cfg = GPTConfig(vocab_size=16, seq_len=4, hidden=8, num_heads=2, num_layers=2 * p, seed=0)
+    for r in range(p):
+        with device():
+            stages = build_stages(GPT(cfg), placement(schedule(name, p, 2 * p)), r)
+        assert [(st.index, st.lo, st.hi) for st in stages] == [(r, r, r + 1),
+                                                               (2 * p - 1 - r, 2 * p - 1 - r,
+                                                                2 * p - r)]
+        assert [st.is_first for st in stages] == [r == 0, False]
+        assert [st.is_last for st in stages] == [False, r == 0]
