@@ -4,9 +4,10 @@ Each rank runs its list in order on two streams, as the runtime's clock does (p2
 
     F, B, I, W   compute:  start = now,  now += duration[kind][stage]
     (F; B) pair  compute:  start = now,  now += duration["F&B"][stage of its F]: DualPipe's
-                 t_F&B, the time of the two overlapped chunks, whose own communication
-                 (the expert all-to-all DualPipe hides) runs on the comm stream inside
-                 that time; the pair's p2p messages are sends like any other
+                 t_F&B, the time of the two overlapped chunks; the communication each
+                 hides behind the other's compute (the experts' all-to-all, on a run's
+                 comm stream) is inside that time, and the pair's p2p messages are
+                 sends on the p2p stream like any other
     SEND         isend:    start = max(now, p2p),  arrives = start + p2p_cost,  p2p = arrives
     RECV         wait:     now = max(now, arrival of the matching SEND)
     end of list  the rank waits for its sends:  finish = max(now, p2p)

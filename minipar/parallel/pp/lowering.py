@@ -22,7 +22,8 @@ Proof. Every RECV sits just before the action that consumes it and every SEND ju
 the one that produces it, so the lowered lists' dependency graph (each rank's order, plus
 send -> recv) is the compute graph with each cross-rank edge split in two. Splitting edges
 keeps a graph acyclic, and validate_schedule has shown the compute graph acyclic (it ran
-the lists to the end). isend never blocks, so a rank can stop only at a RECV, whose SEND
+the lists to the end). An overlapped pair is one node of that graph (the validator runs it
+as one item), its receives just before it and its sends just after, so the same holds. isend never blocks, so a rank can stop only at a RECV, whose SEND
 follows a finished action by induction along a topological order, or at its final waits,
 which end once every rank has posted every RECV, which every rank does as it reaches the
 end of its list. No rank waits forever. (dry_run.py checks this on any lowered lists.)

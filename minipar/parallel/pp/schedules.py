@@ -140,5 +140,6 @@ def schedule(name: str, pp: int, microbatches: int, chunks: Optional[int] = None
         return SCHEDULES[name](pp, microbatches, chunks)
     if chunks != 1:
         raise ScheduleError(f"{name!r} runs one stage per rank, got chunks={chunks}; for "
-                            f"{chunks} chunks per rank use 'interleaved_1f1b'")
+                            f"{chunks} chunks per rank use 'interleaved_1f1b'"
+                            + (" (or 'zbv' or 'dualpipev': two in a V)" if chunks == 2 else ""))
     return SCHEDULES[name](pp, microbatches)
