@@ -1618,7 +1618,7 @@ QUESTIONS: list[Question] = [
         "m = {m_fix}): they cost a larger global batch or a smaller micro-batch.",
         q37),
     Question(
-        "q38", "05", dict(s=2048, b=2, h=6144, layers=48, p=4, m=10, t=8),
+        "q38", "05", dict(s=2048, b=2, h=6144, layers=48, p=3, m=10, t=8),
         "A stage boundary sends each micro-batch's activations [s, b, h] forward and their "
         "gradient back. For s = {s}, b = {b}, h = {h} in bf16, {layers} layers on p = {p} "
         "stages and m = {m}: what does that cost across nodes, and how does it compare with "
