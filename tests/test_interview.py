@@ -320,7 +320,7 @@ EXPECTED = {
                 fix_share=63 / 95, fix_bound=32 / 95, implied_seed=0.28 * 67 / 4,
                 implied_fix=0.51 * 95 / 32, floor_m=least_m(64, Fraction(51, 100)),
                 floor_bound=66 / (66 + 63), real_m=least_m(64, Fraction(51, 60)),
-                fix_peak=min(64, 32)),
+                fix_peak=min(64, 32), floor_peak=min(64, 66)),
     # GPipe with a message cost c <= t_F: (m + p - 1)(t_F + t_B) + 2(p - 1)c
     "q38": dict(s=2048, b=2, h=6144, layers=48, p=3, m=10, t=8, msg_mb=S_PP / 1e6,
                 ib_ms=C_IB * 1e3, nv_us=(NV_A + S_PP / NV_B) * 1e6, per_stage=16,
@@ -380,7 +380,7 @@ INHERENT = {
     "q34": [{"gpipe_ms", "f1b_ms"}, {"m", "gpipe_peak"}],  # the same clock; GPipe holds m
     "q35": [{"mine_ms", "literal_ms"}, {"p", "first_f", "ranks_more"}],  # min(m, p) on rank 0
     "q36": [{"p", "f1b_peak"}],  # 1F1B: min(p, m) = p on rank 0
-    "q37": [{"m_fix", "fix_peak"}],  # min(p, m) = m below p
+    "q37": [{"m_fix", "fix_peak"}, {"p", "floor_peak"}],  # min(p, m)
     "q41": [{"eager_ms", "isend_ms"}],  # the send mode does not change the clock
     "q44": [{"r0_gb", "whole_gb"}],  # the point: one micro-batch through all L layers
 }

@@ -981,7 +981,8 @@ def q37(p, m_seed, m_fix, mfu_seed_pct, mfu_fix_pct, mfu_stage_pct):
             "implied_seed": mfu_seed_pct / 100 / bound["seed"],
             "implied_fix": mfu_fix_pct / 100 / bound["fix"],
             "floor_m": floor, "floor_bound": bound["floor"], "real_m": real,
-            "fix_peak": runs["fix"].peak_in_flight[0]}
+            "fix_peak": runs["fix"].peak_in_flight[0],
+            "floor_peak": pipeline_bubble.formulas(p, floor)["peak_rank0"]}
 
 
 def q38(s, b, h, layers, p, m, t):
@@ -1588,9 +1589,9 @@ QUESTIONS: list[Question] = [
         "refused, and what does m = {m} gain over plain 1F1B, at what cost?",
         "Megatron's interleaved order sends micro-batches through the chunks in groups of p, "
         "so it needs m % p == 0: minipar refuses m = {m_bad} and proposes m = {fix} (torch "
-        "relaxes the rule; minipar keeps Megatron's). At m = {m} rank r holds stages r, r + p, "
-        "..., each 1/v of its layers, so the pipeline fills in steps of (t_F + t_B)/v: the "
-        "step falls from {f1b_ms:g} ms to {inter_ms:g} ms, the bubble from (p - 1)/m = "
+        "relaxes the rule; minipar keeps Megatron's). Rank r holds stages r, r + p, ..., "
+        "each 1/v of its layers, so the pipeline fills in steps of (t_F + t_B)/v: at m = {m} "
+        "the step falls from {f1b_ms:g} ms to {inter_ms:g} ms, the bubble from (p - 1)/m = "
         "{f1b_bubble:.1%} to (p - 1)/(v m) = {inter_bubble:.1%} (dry run). The price: "
         "{inter_msgs} messages a step instead of {f1b_msgs} ({msg_ratio:.1f}x, each the same "
         "[s, b, h], since every chunk boundary is a hop), and more activations on rank 0: its "
@@ -1613,9 +1614,10 @@ QUESTIONS: list[Question] = [
         "{fix_bound:.1%}, and {mfu_fix_pct}% would need stages at {implied_fix:.0%}: it "
         "cannot hold. {mfu_fix_pct}% needs m/(m + p - 1) >= {mfu_fix_pct}%/MFU_stage: "
         "m >= {floor_m} even with perfect stages (bound {floor_bound:.1%}), m >= {real_m} at "
-        "a more realistic {mfu_stage_pct}%; or fewer stages, or interleaving. More "
-        "micro-batches cost 1F1B no activation memory (rank 0 holds min(p, m) = {fix_peak} at "
-        "m = {m_fix}): they cost a larger global batch or a smaller micro-batch.",
+        "a more realistic {mfu_stage_pct}%; or fewer stages, or interleaving. Memory: 1F1B's "
+        "rank 0 holds min(p, m) micro-batches, {fix_peak} at m = {m_fix} and {floor_peak} at "
+        "m = {floor_m}, where GPipe would hold {floor_m}; past m = p more micro-batches cost "
+        "only a larger global batch or a smaller micro-batch.",
         q37),
     Question(
         "q38", "05", dict(s=2048, b=2, h=6144, layers=48, p=3, m=10, t=8),
@@ -1698,7 +1700,8 @@ QUESTIONS: list[Question] = [
         "{params_m:.1f} M parameters, {copy_gb:.2f} GB of model states at 16 bytes each. "
         "After a step's last backward the two copies' gradients are summed by an all-reduce "
         "over the embedding group, the first and last stages' ranks only, so both copies "
-        "take the same optimizer step. The [V, h] gradient in fp32 is {grad_gb:.2f} GB; "
+        "take the same optimizer step. The [V, h] gradient in fp32 (Megatron-LM keeps a bf16 "
+        "run's main gradients in fp32) is {grad_gb:.2f} GB; "
         "between two nodes a {algorithm} all-reduce of two ranks (2 alpha + S/B) takes "
         "{ar_ms:.1f} ms, once per step, after the schedule. On {sim_p} simulated pipeline "
         "ranks with a tiny tied GPT the trace shows it: all-reduces per rank {sim_counts}, "
