@@ -831,9 +831,9 @@ def literal_p_minus_r(p: int, m: int) -> list:
     return ranks
 
 
-def sends(lowered) -> int:
-    """The messages a lowered schedule sends in one step (activations and gradients)."""
-    return sum(a.kind in (SEND_F, SEND_B) for row in lowered for a in row)
+def sends(lists) -> int:
+    """The messages lowered lists send in one step (activations and gradients)."""
+    return sum(a.kind in (SEND_F, SEND_B) for row in lists for a in row)
 
 
 def pct_list(values) -> str:
@@ -874,7 +874,8 @@ def send_modes_run(p: int, m: int, t_f_ms: float, t_b_ms: float) -> dict:
                     else:
                         pending.append(mp.isend(x, msg.dst, tag=msg.tag))
                 else:
-                    mp.irecv(message(a, where).src, tag=message(a, where).tag).wait()
+                    msg = message(a, where)
+                    mp.irecv(msg.src, tag=msg.tag).wait()
             for work in pending:
                 work.wait()
             at[ctx.rank] = "done"
@@ -894,11 +895,11 @@ TINY_PP = GPTConfig(vocab_size=19, seq_len=6, hidden=8, num_heads=2, num_layers=
 @functools.lru_cache(maxsize=None)
 def tied_run(p: int) -> list:
     """One 1F1B step of TINY_PP (tied embeddings) on p pipeline ranks: each rank's
-    all-reduces after the schedule, (count, bytes)."""
+    all-reduces in the step, (count, bytes)."""
     cfg = TINY_PP
     actions = schedule("1f1b", p, 3)
     rng = np.random.default_rng(8)
-    ids, tgt = (rng.integers(0, cfg.vocab_size, (cfg.seq_len, 3)) for _ in range(2))
+    ids, tgt = (rng.integers(0, cfg.vocab_size, (cfg.seq_len, 3)) for _ in range(2))  # [s, B]
 
     def program(ctx):
         runner = PipelineRunner(build_stages(GPT(cfg), placement(actions), ctx.rank), actions)
