@@ -11,8 +11,9 @@ imports nothing model-related, so it draws any program the runtime executed:
 """
 
 from .chrome import STREAM_TIDS, to_chrome_trace
-from .pipeline import render_pipeline
+from .pipeline import action_letter, dry_run_events, render_pipeline
 from .timeline import COLLECTIVE_LETTERS, RankTimes, measure, render_timeline, summarize
 
 __all__ = ["to_chrome_trace", "STREAM_TIDS", "render_timeline", "summarize", "measure",
-           "RankTimes", "COLLECTIVE_LETTERS", "render_pipeline"]
+           "RankTimes", "COLLECTIVE_LETTERS", "render_pipeline", "dry_run_events",
+           "action_letter"]

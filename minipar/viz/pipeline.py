@@ -20,6 +20,11 @@ Sends are on their own stream and not drawn; a rank waiting for a message is idl
 The sources: a DryRun (parallel/pp/dry_run.py; its timeline holds a Span per action), or
 trace events whose meta holds "kind" and "microbatch" on the compute stream, as the
 pipeline runner records them (a pair's kind is "OVERLAP_F_B").
+
+`dry_run_events(d)` turns a dry run into trace Events (compute actions on "compute", sends
+on "p2p"), so the other drawings take it too: `render_timeline(dry_run_events(d), p,
+symbols=action_letter)` draws the letters over the runtime's compute / communication /
+overlap cells, `to_chrome_trace` opens it in Perfetto, `summarize` measures it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import NamedTuple, Optional
 
 from ..parallel.pp.actions import OverlapFB
 from ..runtime.trace import Event
+from .timeline import COLLECTIVE_LETTERS
 
 LETTERS = {"F": "F", "B": "B", "I": "I", "W": "W", "OVERLAP_F_B": "&"}
 MEANING = {"F": "forward", "B": "full backward", "I": "backward for the input",
@@ -84,6 +90,34 @@ def _cased(drawn: list[Box]) -> list[Box]:
         first[b.rank] = min(first.get(b.rank, b.stage), b.stage)
     return [b._replace(letter=b.letter.lower()) if b.stage != first[b.rank] and b.letter != "&"
             else b for b in drawn]
+
+
+def dry_run_events(d) -> list[Event]:
+    """A DryRun's spans as trace Events: compute actions (meta: action, stage, kind,
+    micro-batch, as the runner records them) and sends on the p2p stream."""
+    out = []
+    for rank, spans in enumerate(d.timeline):
+        for s in spans:
+            a = s.action
+            if isinstance(a, OverlapFB):
+                meta = {"action": str(a), "stage": a.forward.stage, "kind": a.kind,
+                        "microbatch": a.forward.microbatch}
+                out.append(Event(rank, "compute", a.kind, s.start, s.end, label=str(a),
+                                 meta=meta))
+            elif a.is_compute:
+                meta = {"action": str(a), "stage": a.stage, "kind": a.kind.value,
+                        "microbatch": a.microbatch}
+                out.append(Event(rank, "compute", a.kind.value, s.start, s.end, label=str(a),
+                                 meta=meta))
+            elif a.kind.value.startswith("SEND"):
+                out.append(Event(rank, "p2p", "send", s.start, s.end, label=str(a)))
+    return out
+
+
+def action_letter(e: Event) -> Optional[str]:
+    """render_timeline's symbols for a pipeline: F B I W & for actions, S for sends."""
+    kind = e.meta.get("kind")
+    return LETTERS.get(kind) if kind in LETTERS else COLLECTIVE_LETTERS.get(e.name)
 
 
 def render_pipeline(source, width: Optional[int] = None, ascii: bool = False,

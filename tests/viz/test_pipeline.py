@@ -1,11 +1,14 @@
 """The pipeline drawing: I and W (and DualPipe's overlapped pairs) on the dry run's clock or a
 trace's, cell by cell."""
 
+from fractions import Fraction
+
 import pytest
 
 from minipar.parallel.pp import dry_run, lower, schedule
 from minipar.runtime.trace import Event
-from minipar.viz.pipeline import boxes, render_pipeline
+from minipar.viz.pipeline import action_letter, boxes, dry_run_events, render_pipeline
+from minipar.viz.timeline import measure, render_timeline
 
 
 def test_zb_h1_at_p_2_m_2_is_drawn_slot_by_slot():
@@ -51,3 +54,21 @@ def test_nothing_to_draw_and_a_bad_width_are_refused():
         render_pipeline(d, width=0)
     with pytest.raises(TypeError, match="got str in the list"):
         render_pipeline(["0F0"])
+
+
+def test_a_dry_run_becomes_trace_events_the_other_drawings_read():
+    """Sends go on the p2p stream: with messages of half a slot, the runtime's timeline shows
+    them beside the letters, and summarize measures the same busy time as the dry run."""
+    d = dry_run(lower(schedule("zb_h1", 3, 4)), {"F": 1, "I": 1, "W": 1}, p2p=Fraction(1, 2))
+    events = dry_run_events(d)
+    compute = [e for e in events if e.stream == "compute"]
+    assert len(compute) == 3 * 4 * 3 and {e.name for e in compute} == {"F", "I", "W"}
+    assert sum(e.stream == "p2p" for e in events) == 2 * 4 * (3 - 1)
+    text = render_timeline(events, 3, width=36, symbols=action_letter)
+    assert {"F", "I", "W", "S"} <= set(text.splitlines()[0])
+    times = measure(events, 3, start=0, end=float(d.makespan))
+    assert [t.compute for t in times] == [float(b) for b in d.busy]
+    pair = dry_run_events(dry_run(lower(schedule("dualpipev", 1, 2)),
+                                  {"F": 1, "B": 2, "I": 1, "W": 1, "F&B": 2}))
+    assert [e.meta["kind"] for e in pair if e.name == "OVERLAP_F_B"] == ["OVERLAP_F_B"]
+    assert action_letter(pair[0]) == "F"
