@@ -303,7 +303,7 @@ class Scenario:
 
 
 MODEL = GPTConfig(vocab_size=32, seq_len=16, hidden=16, num_heads=2, num_layers=8, seed=0)
-#: the lesson's puzzle (section 7), then the same question with a tighter bubble
+#: the lesson's puzzle (section 8), then the same question with a tighter bubble
 SCENARIOS = (Scenario("the lesson's pipeline, 8 layers on 4 ranks, 32 sequences", MODEL, 4,
                       32, bubble_target=0.25, activation_cap=700e3),
              Scenario("8 layers on 4 ranks, 16 sequences, a 10 % bubble", MODEL, 4, 16,
