@@ -58,11 +58,11 @@ def choose_pipeline(cfg: GPTConfig, pp: int, global_batch: int, bubble_target: f
                     activation_cap: float) -> dict:
     """A pipeline plan for training `cfg` over pp ranks on `global_batch` sequences a step,
     whose bubble (idle over ideal time, equal stages) is at most bubble_target and whose
-    peak activation bytes per GPU are at most activation_cap (lesson section 7).
+    peak activation bytes per GPU are at most activation_cap (lesson section 8).
 
     Returns {"schedule": "gpipe" | "1f1b" | "interleaved_1f1b", "microbatches": m,
     "chunks": v}. The grader times the schedule with the dry run (equal stages) and trains
     one step with `parallelize(cfg, ParallelDims(pp=pp), ...)` on simulated devices: the
     ledger's activation peak on every rank, and one device's loss.
     """
-    raise NotImplementedError("Exercise 5.3: micro-batches and chunks within a bubble and a memory budget — see lesson.py, section 7")
+    raise NotImplementedError("Exercise 5.3: micro-batches and chunks within a bubble and a memory budget — see lesson.py, section 8")
