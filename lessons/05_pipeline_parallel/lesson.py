@@ -261,13 +261,14 @@ def blocking_program(ctx, actions):
     return "finished"
 
 
+blocking = {}
 for name in ("gpipe", "1f1b"):
     try:
-        outcome = mp.launch(lambda ctx: blocking_program(ctx, schedule(name, 2, 2)), 2,
-                            sends="rendezvous")
+        blocking[name] = mp.launch(lambda ctx: blocking_program(ctx, schedule(name, 2, 2)), 2,
+                                   sends="rendezvous")
     except mp.MiniparError as e:
-        outcome = f"{type(e).__name__}: " + str(e).splitlines()[1].strip()
-    print(f"{name}, blocking sends on 2 ranks, m = 2: {outcome}")
+        blocking[name] = f"{type(e).__name__}: " + str(e).splitlines()[1].strip()
+    print(f"{name}, blocking sends on 2 ranks, m = 2: {blocking[name]}")
 
 # %% [markdown]
 # GPipe survives blocking sends (its messages flow one way at a time); 1F1B deadlocks,
@@ -286,11 +287,13 @@ for name in ("gpipe", "1f1b"):
 # and a little more activation memory (a longer warm-up).
 
 # %%
+interleaved = {}
 for v in (1, 2, 4):
     name = "1f1b" if v == 1 else "interleaved_1f1b"
     lowered = lower(schedule(name, p, 8, v))
     d = dry_run(lowered, {"F": Fraction(1, v), "B": Fraction(2, v)})
     sends = sum(a.kind.value.startswith("SEND") for row in lowered for a in row)
+    interleaved[v] = (d.bubble_over_ideal, sends, d.peak_activations[0])
     print(f"v = {v}: bubble over ideal {d.bubble_over_ideal} = (p - 1)/(v·m) = "
           f"{Fraction(p - 1, v * 8)}; messages {sends} = 2·m·(pv - 1); in flight on rank 0: "
           f"{d.peak_activations[0]} micro-batches of its layers")
