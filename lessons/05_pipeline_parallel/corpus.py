@@ -90,6 +90,11 @@ WRONG = [
                                "None", 12),
           hint=["stage 0's output gradient of micro-batch 0 got None", "group.ranks[r + 1]",
                 "smallest failing configuration: p=2, m=1"]),
+    wrong("5.2", "misconception", "never waits on its isends: they are sent anyway",
+          old=line("for work in pending:", 4) + line("work.wait()", 8),
+          new=line("pass  # isend sends by itself", 4),
+          hint=["returned while a send it posted was still in flight",
+                "wait on every isend's Work"]),
     wrong("5.2", "small-only", "written for two ranks: rank 0 sends, rank 1 computes the "
           "loss", old=PEERS, new=line("prev = group.ranks[0] if r == 1 else None  # 0 -> 1", 4)
           + line("nxt = group.ranks[1] if r == 0 else None", 4),

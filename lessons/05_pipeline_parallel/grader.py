@@ -245,6 +245,11 @@ def check_run_pipeline_rank(impl, p, m, name, strided, seed):
         start = len(ctx.trace.events)
         impl.run_pipeline_rank(stage, list(actions[r]), spmd.group)
         events = ctx.trace.events[start:]
+        if ctx.clock.compute < ctx.clock.p2p:
+            raise GradeFailure(f"{who}: run_pipeline_rank returned while a send it posted "
+                               f"was still in flight: wait on every isend's Work before "
+                               f"returning (the transport may still be reading the tensor, "
+                               f"and a step is not over until its messages are)")
         used = sorted({e.name for e in events if e.stream == "comm"})
         if used:
             raise GradeFailure(f"{who}: run_pipeline_rank called {', '.join(used)}; a "
