@@ -270,16 +270,17 @@ def check_run_pipeline_rank(impl, p, m, name, strided, seed):
                 (np.tanh(acts[r][i] @ weights[r]) ** 2).sum() / (2 * m) for i in range(m)),
                 rank=who, what="the last stage's loss summed over the micro-batches")
 
-    crashed: dict = {}  # global rank -> what the learner's code raised there
+    crashed: dict = {}  # global rank -> the failed check or crash there
 
     def settled(ctx, spmd):
-        """A crash is kept, not raised, so the other ranks' fate (finishing, or waiting on
-        the crashed rank until the deadlock is seen) cannot change the report."""
+        """A failure is kept, not raised, so the other ranks' fate (finishing, or waiting
+        on the failed rank until the deadlock is seen) cannot change the report."""
         try:
             return program(ctx, spmd)
-        except (GradeFailure, *WORLD_FAILURES):
+        except WORLD_FAILURES:
             raise
         except Exception as exc:  # noqa: BLE001 (reported below, lowest rank first)
+            exc.add_note(f"(raised on {spmd.words})")
             crashed[ctx.rank] = exc
             return None
 
