@@ -304,8 +304,9 @@ ENTRIES = [
         "weight gradient) and run W later. Why may W wait and I not, and how large is each, "
         "for a linear layer and for a transformer block at s = {s}, b = {b}, h = {h}?",
         "Because nobody waits for W. A linear layer y = x w^T makes two things in its "
-        "backward: dx = dy w, the input gradient (I), which the layer below needs next and "
-        "the previous pipeline stage is waiting for, and dw = dy^T x, the weight gradient "
+        "backward: dx = dy w, the input gradient (I), which the layer below needs next (at "
+        "a stage's first layer, the previous stage, waiting), and dw = dy^T x, the weight "
+        "gradient "
         "(W), which nothing reads until the optimizer step. Stage s's I needs stage s + 1's "
         "I, not its W: I is on the critical path, and W can run later, in a slot where the "
         "rank would idle, as long as x and dy stay in memory until it runs. Each is one "
@@ -462,8 +463,9 @@ ENTRIES = [
         "({h1_bubble:.1%}): flushed, ZB-H2 gains nothing for its p - 1 extra micro-batches "
         "in flight. ZB-V: {v_ms} ms against {v_period} ms, {v_cost:.1%} more. ZB-H1 and "
         "DualPipeV idle the same either way ({h1_bubble:.1%} and {dv_bubble:.1%}, with "
-        "F&B = B): their first rank is busy from the step's first action to its last, so "
-        "nothing of their bubble is a flush. The zero-bubble paper removes the flush with "
+        "F&B = B): their first rank's actions span the whole step, so no next step can "
+        "start it sooner, and none of their bubble is the flush's. The zero-bubble paper "
+        "removes the flush with "
         "its optimizer post-validation: every rank steps at once, the global checks are "
         "reduced while the next step runs, and a step that fails them is rolled back.",
         q52),
@@ -474,16 +476,17 @@ ENTRIES = [
         "(pytorch issue 144530). Where must the gradient reduction go? ZB-H1, p = {p}, "
         "m = {m}, t_F = {t_f_ms} ms, t_I = {t_i_ms} ms, t_W = {t_w_ms} ms.",
         "DDP starts a bucket's all-reduce from hooks that fire when autograd accumulates a "
-        "parameter's gradient. A split backward runs I through autograd and W later by a "
-        "direct call (torch.autograd.grad), so the hooks never fire: no all-reduce, each "
-        "replica steps on its own gradient, and the replicas drift apart without an error. "
+        "parameter's gradient. torch's split backward computed both halves with "
+        "torch.autograd.grad instead of backward(), which accumulates nothing, so the hooks "
+        "never fired: no all-reduce, each replica stepped on its own gradient, and the "
+        "replicas drifted apart without an error. "
         "The reduction belongs after a parameter's last W, and counting is the second trap: "
         "split, a stage makes {calls} backward calls a step, not m. A reduction fired at the "
         "m-th, the unsplit count, would send gradients missing {missing_at_m} of the m "
         "micro-batches' W's on ranks 0 to p - 1 (torch's fix counts the split calls). The "
         "last I is not the end either: after it, rank r still runs r + 1 W's "
         "({after_last_i}). On the clock rank r's last I ends at {last_i} ms and its last W "
-        "at {last_w} ms; a stage's all-reduce may start only at the second, and the last "
-        "ranks, which defer the most W's, wait the longest for it.",
+        "at {last_w} ms; a stage's all-reduce may start only at the second, r + 1 W's "
+        "after the first, longest on the last ranks, which defer the most.",
         q53),
 ]
