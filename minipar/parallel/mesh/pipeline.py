@@ -6,14 +6,18 @@
 
 What crosses forms, answered here (neither pp nor dp knows the other):
 
-    which stages a rank holds      pipeline rank = its pp coordinate; stage s on rank s mod p
+    which stages a rank holds      pipeline rank = its pp coordinate; the stages the
+                                   schedule's placement gives it (s mod p for the 1F1B
+                                   family; V-shaped schedules place two stages otherwise)
     which block of each            the m global micro-batches [s, B/m] are cut first, then
     micro-batch it runs            block d of dp of each (groups.batch_shard): the masks are
                                    those of one device running the m micro-batches in order
     what the engine wraps          RankStages: the units of this rank's stages only
     when gradients are reduced     once per step: the runner runs its whole list inside
                                    engine.no_sync() and calls engine.finish_grad_sync() after
-                                   the last backward and the tied-embedding all-reduce
+                                   the last backward (a split schedule's last W: the
+                                   gradients are complete only then) and the tied-embedding
+                                   all-reduce
                                    (Megatron's no_sync_func and finalize_model_grads_func)
     over which ranks the norm      the model-parallel group tp x pp; a parameter replicated
     is summed, counting what once  over tp on tp rank 0, a tied wte's last-stage copy on
@@ -32,14 +36,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
 from ...runtime.collectives import all_reduce, broadcast
 from ...runtime.group import ProcessGroup
 from ..dp import LocalState, ModelParallelNorm, ShardingStrategy
-from ..pp import PipelineRunner, RankStages, build_stages, placement, schedule
+from ..pp import PipelineRunner, RankStages, build_stages, placement, schedule, validate_schedule
 from ..pp.actions import Schedule
 from .groups import ParallelGroups
 
@@ -49,10 +53,18 @@ _TRANSIENT = (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP,
               ShardingStrategy.HYBRID_SHARD)
 
 
-def pipeline_schedule(pp: int, name: Optional[str], microbatches: Optional[int],
+def pipeline_schedule(pp: int, name: Union[str, Schedule, None], microbatches: Optional[int],
                       chunks: int) -> Optional[Schedule]:
     """The compute schedule of every pipeline rank, or None when no pipeline is asked for
-    (pp = 1 and neither a schedule nor micro-batches given)."""
+    (pp = 1 and neither a schedule nor micro-batches given). `name` may be the schedule
+    itself, one list of compute actions per pipeline rank (validated here)."""
+    if isinstance(name, (list, tuple)):
+        info = validate_schedule(name)
+        if len(name) != pp or microbatches not in (None, info.microbatches):
+            raise ValueError(f"the schedule given has {len(name)} ranks' lists and "
+                             f"{info.microbatches} micro-batches, but pp = {pp} and "
+                             f"microbatches={microbatches}: give matching sizes")
+        return [list(row) for row in name]
     if pp == 1 and name is None and microbatches is None and chunks == 1:
         return None
     if microbatches is None:

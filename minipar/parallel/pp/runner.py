@@ -13,11 +13,17 @@ Each rank runs its own list of lower(actions) in order (lowering.py's contract):
     B  (sB i)        stage s's backward of micro-batch i from the RECV'd gradient (the last
                      stage from the loss scaled by 1/m, so the accumulated gradient is the
                      gradient of the mean loss over the m micro-batches)
+    I  (sI i)        the backward split (zero-bubble schedules): B's input gradient only,
+                     what SEND_B carries to the previous stage; the weights' gradients
+                     wait in the stage's WeightGradStore for micro-batch i
+    W  (sW i)        those weight gradients, accumulated: only after a parameter's last W
+                     is its gradient complete
     SEND_F, SEND_B   isend to the peer stage's rank; every send is waited at the end
                      of the list
 
 Before anything communicates, `check_deadlock` (dry_run.py) proves the lists finish. After
-the last backward, with tied embeddings on two ranks, the first and last stages' copies of
+the last backward (the last W of a split schedule: every gradient is complete only once
+the whole list has run), with tied embeddings on two ranks, the first and last stages' copies of
 wte's gradient are summed over the embedding group (Megatron-LM's `_allreduce_embedding_
 grads` over its embedding group: the first and last pipeline ranks), so both copies take
 the same optimizer step. Then `grads_ready()` is called: the place where a data-parallel
@@ -33,12 +39,13 @@ is cut into the m global micro-batches first, and this rank runs block d of dp o
 and the model slices its masks to its block (TensorParallelGPT's batch_shard), so the
 masks are those of one device running the m global micro-batches in order.
 
-Records. Every F and B appears in this rank's trace as one "compute" event drawn around
-the kernels it ran (name "F" or "B", label "2F0", meta: stage, kind, micro-batch, the
+Records. Every F, B, I and W appears in this rank's trace as one "compute" event drawn
+around the kernels it ran (name "F", "B", "I" or "W", label "2F0", meta: stage, kind, micro-batch, the
 ledger's activation bytes after it); its flops are 0, so FLOP counts, which sum the
 kernels, stay right (a sum of compute durations must pick one of the two: kernels or
 actions). The ledger holds each in-flight micro-batch's activations: its
-forward's `Saved` records, charged at F and released at B. `last_step` holds the times.
+forward's `Saved` records, charged at F and released at B; split, what only I reads is
+released at I, and W's records (nn/weight_grads.py) at W. `last_step` holds the times.
 Dropout masks are the single device's (stage.py's DropoutStream).
 """
 
@@ -56,7 +63,7 @@ from ...runtime.context import current
 from ...runtime.group import ProcessGroup
 from ...runtime.p2p import irecv, isend
 from ...runtime.trace import Event
-from .actions import B, F, RECV_B, RECV_F, SEND_B, SEND_F, Schedule, ScheduleError
+from .actions import B, F, I, RECV_B, RECV_F, SEND_B, SEND_F, W, Schedule, ScheduleError
 from .dry_run import check_deadlock
 from .lowering import lower
 from .stage import DropoutStream, PipelineStage
@@ -97,9 +104,6 @@ class PipelineRunner:
         lowered = actions if any(a.is_communication for row in actions for a in row) \
             else lower(actions)
         self.info = validate_schedule(lowered)
-        if self.info.split_backward:
-            raise ScheduleError("this runner runs F and B; the split backward (I, W) comes "
-                                "with the zero-bubble schedules: use B")
         self._messages = check_deadlock(lowered, self.info)[self.pp_rank]  # no hang, first
         self.actions = lowered[self.pp_rank]
         self.stages = {st.index: st for st in stages}
@@ -210,10 +214,14 @@ class PipelineRunner:
                     inputs[(a.stage + 1, a.microbatch)] = out  # same rank: in memory
                 else:
                     outgoing[(a.stage, a.microbatch, SEND_F)] = out
-            elif a.kind is B:
+            elif a.kind is W:
                 stage = self.stages[a.stage]
+                self._timed(a, lambda: stage.backward_weight(a.microbatch))
+            elif a.kind is B or a.kind is I:
+                stage = self.stages[a.stage]
+                run = stage.backward if a.kind is B else stage.backward_input
                 dy = None if stage.is_last else grads.pop(key)
-                dx = self._timed(a, lambda: stage.backward(a.microbatch, dy, 1.0 / m))
+                dx = self._timed(a, lambda: run(a.microbatch, dy, 1.0 / m))
                 if a.stage > 0 and a.stage - 1 in self.stages:
                     grads[(a.stage - 1, a.microbatch)] = dx
                 elif a.stage > 0:
@@ -237,7 +245,7 @@ class PipelineRunner:
                 f"device's")
 
     def _timed(self, a, run):
-        """Run one F or B and record it in the trace with its stage and micro-batch."""
+        """Run one F, B, I or W and record it in the trace with its stage and micro-batch."""
         ctx = current()
         begin = ctx.clock.compute
         out = run()
