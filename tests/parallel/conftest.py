@@ -5,6 +5,7 @@
     ref = kit.reference_run(cfg, batches, max_grad_norm=0.05)  # one device, whole batch
     run = kit.parallel_run(lambda m: zero_engine(m, stage=2, **kit.OPT), cfg, batches, 4)
     kit.assert_state_close(run.state, ref.state)
+    split = kit.split_backward(schedule("1f1b", 4, 8), defer=True)  # every W at the end
 
 `reference_run` trains one GPT on the whole global batch (AdamW + clip_grad_norm_ in
 float64; MixedPrecisionOptimizer(AdamW) in bfloat16) and returns its losses, gradients
@@ -26,6 +27,7 @@ from minipar.data.batches import split_data_parallel, split_microbatches
 from minipar.nn import GPT, GPTConfig
 from minipar.optim import AdamW, MixedPrecisionOptimizer, clip_grad_norm_
 from minipar.parallel import accumulate_gradients
+from minipar.parallel.pp import Action, Kind, validate_schedule
 
 OPT = dict(lr=1e-2, weight_decay=0.1)  # AdamW hyperparameters every test uses
 
@@ -167,6 +169,24 @@ def assert_state_close_by_kind(actual: dict, expected: dict) -> None:
                                    err_msg=k)
 
 
+def split_backward(actions, defer: bool = False):
+    """A schedule with the backward split: each B becomes I then W at once, or (defer) I
+    in B's place and every W at the end of its rank's list, in the I's order. Both are
+    valid (validate_schedule); the zero-bubble generators place W in between."""
+    out = []
+    for row in actions:
+        head, tail = [], []
+        for a in row:
+            if a.kind is Kind.B:
+                head.append(Action(a.stage, Kind.I, a.microbatch))
+                (tail if defer else head).append(Action(a.stage, Kind.W, a.microbatch))
+            else:
+                head.append(a)
+        out.append(head + tail)
+    assert validate_schedule(out).split_backward
+    return out
+
+
 @pytest.fixture(scope="session")
 def dpkit():
     return types.SimpleNamespace(
@@ -175,4 +195,4 @@ def dpkit():
         global_batches=global_batches, reference_run=reference_run,
         parallel_run=parallel_run, assert_close=assert_close,
         assert_state_close=assert_state_close, assert_state_equal=assert_state_equal,
-        assert_state_close_by_kind=assert_state_close_by_kind)
+        assert_state_close_by_kind=assert_state_close_by_kind, split_backward=split_backward)
