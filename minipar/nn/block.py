@@ -45,7 +45,8 @@ BLOCK_MODES = ("none", "selective", "full")  # a block's own recompute modes
 @dataclass(frozen=True)
 class BlockParts:
     """A block's sub-layers, in the order the block lists their parameters. Each has
-    `parameters()` and a backward `backward(dy, saved) -> dx`; the forwards are
+    `parameters()` and a backward `backward(dy, saved) -> dx` (taking `store=` too, to run
+    split into I and W: weight_grads.py); the forwards are
 
         ln1, ln2   forward(x) -> (y, saved)
         attn       forward(x, rng, selective) -> (y, saved)   selective: recompute the core

@@ -21,13 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from hypothesis import assume, strategies as st
 
 import minipar as mp
 from minipar.data.batches import split_data_parallel, split_microbatches
 from minipar.nn import GPT, GPTConfig
 from minipar.optim import AdamW, MixedPrecisionOptimizer, clip_grad_norm_
 from minipar.parallel import accumulate_gradients
-from minipar.parallel.pp import Action, Kind, validate_schedule
+from minipar.parallel.pp import (SCHEDULES, Action, Kind, ScheduleError, schedule,
+                                 validate_schedule)
 
 OPT = dict(lr=1e-2, weight_decay=0.1)  # AdamW hyperparameters every test uses
 
@@ -187,6 +189,36 @@ def split_backward(actions, defer: bool = False):
     return out
 
 
+# the zero-bubble generators, once main has them (written beside this work): the split
+# tests draw them too, and until then the schedules split_backward derives
+ZERO_BUBBLE = tuple(n for n in ("zb_h1", "zb_h2", "zbv", "dualpipev") if n in SCHEDULES)
+
+
+def draw_split_schedule(data, max_pp: int = 4):
+    """A drawn schedule whose backward is split: a zero-bubble generator's, or GPipe, 1F1B
+    or interleaved 1F1B (1 or 2 chunks) with split_backward (W at once or all deferred).
+    Returns (actions, a description for hypothesis' events)."""
+    name = data.draw(st.sampled_from(("1f1b", "gpipe", "interleaved_1f1b") + ZERO_BUBBLE),
+                     "schedule")
+    p = data.draw(st.integers(1, max_pp), "pp")
+    if name in ZERO_BUBBLE:  # their own constraints on p and m: what they refuse is skipped
+        m = data.draw(st.integers(1, 8), "micro-batches")
+        for chunks in (1, 2):
+            try:
+                return schedule(name, p, m, chunks), f"{name} p={p} m={m}"
+            except ScheduleError:
+                pass
+        assume(False)
+    if name == "interleaved_1f1b":  # Megatron's grouping: m a multiple of p
+        v = data.draw(st.integers(1, 2), "chunks")
+        m = p * data.draw(st.integers(1, max(1, 8 // p)), "micro-batches / pp")
+    else:
+        v, m = 1, data.draw(st.integers(1, 8), "micro-batches")
+    defer = data.draw(st.booleans(), "every W deferred to the end")
+    return (split_backward(schedule(name, p, m, v), defer),
+            f"{name} p={p} v={v} {'W at the end' if defer else 'I W at once'}")
+
+
 @pytest.fixture(scope="session")
 def dpkit():
     return types.SimpleNamespace(
@@ -195,4 +227,5 @@ def dpkit():
         global_batches=global_batches, reference_run=reference_run,
         parallel_run=parallel_run, assert_close=assert_close,
         assert_state_close=assert_state_close, assert_state_equal=assert_state_equal,
-        assert_state_close_by_kind=assert_state_close_by_kind, split_backward=split_backward)
+        assert_state_close_by_kind=assert_state_close_by_kind, split_backward=split_backward,
+        draw_split_schedule=draw_split_schedule)

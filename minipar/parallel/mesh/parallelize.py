@@ -206,7 +206,8 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
     the data-parallel engine (default: DDP); kwargs are the optimizer's hyperparameters
     (lr, weight_decay, ...) and the engine's knobs. A pipeline (dims.pp > 1, or a schedule
     at pp = 1): schedule "gpipe", "1f1b" (default) or "interleaved_1f1b" with `chunks`
-    stages per rank (or the compute schedule itself, one list of actions per pp rank), `microbatches` m a step, `layers` blocks per stage (default: even,
+    stages per rank (or the compute schedule itself, one list of actions per pp rank),
+    `microbatches` m a step, `layers` blocks per stage (default: even,
     the remainder on the first stages)."""
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"parallelize builds the model itself, split over the mesh: pass the "

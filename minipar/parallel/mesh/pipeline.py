@@ -43,7 +43,8 @@ import numpy as np
 from ...runtime.collectives import all_reduce, broadcast
 from ...runtime.group import ProcessGroup
 from ..dp import LocalState, ModelParallelNorm, ShardingStrategy
-from ..pp import PipelineRunner, RankStages, build_stages, placement, schedule, validate_schedule
+from ..pp import (PipelineRunner, RankStages, build_stages, placement, schedule,
+                  validate_schedule)
 from ..pp.actions import Schedule
 from .groups import ParallelGroups
 

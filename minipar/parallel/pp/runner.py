@@ -40,9 +40,9 @@ and the model slices its masks to its block (TensorParallelGPT's batch_shard), s
 masks are those of one device running the m global micro-batches in order.
 
 Records. Every F, B, I and W appears in this rank's trace as one "compute" event drawn
-around the kernels it ran (name "F", "B", "I" or "W", label "2F0", meta: stage, kind, micro-batch, the
-ledger's activation bytes after it); its flops are 0, so FLOP counts, which sum the
-kernels, stay right (a sum of compute durations must pick one of the two: kernels or
+around the kernels it ran (name "F", "B", "I" or "W", label "2F0", meta: stage, kind,
+micro-batch, the ledger's activation bytes after it); its flops are 0, so FLOP counts,
+which sum the kernels, stay right (a sum of compute durations must pick one of the two: kernels or
 actions). The ledger holds each in-flight micro-batch's activations: its
 forward's `Saved` records, charged at F and released at B; split, what only I reads is
 released at I, and W's records (nn/weight_grads.py) at W. `last_step` holds the times.

@@ -14,7 +14,8 @@ weights come from the same seeds as the single-device model's, and the parameter
 stages a rank does not hold are given back to its ledger (`build_stages`). It keeps each
 in-flight micro-batch's records (the `Saved` objects the steps return, on the ledger as
 activations) from its forward until its backward — with the backward split, what only I
-needs until I and the W records until W — so several micro-batches can be in flight at once (torch.distributed.pipelining's PipelineStage; Megatron-LM's model chunk).
+needs until I and the W records until W — so several micro-batches can be in flight at
+once (torch.distributed.pipelining's PipelineStage; Megatron-LM's model chunk).
 
 Layers. `split_layers(L, S)` gives each stage q = L // S blocks and the first r = L % S
 stages one more, as torchtitan's split does (without its option to count the embedding and

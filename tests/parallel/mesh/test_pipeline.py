@@ -26,7 +26,7 @@ from minipar.nn import GPT
 from minipar.optim import AdamW, clip_grad_norm_
 from minipar.parallel import ParallelDims, ShardingStrategy, parallelize
 from minipar.parallel.checkpoint.full_state import parameter_of
-from minipar.parallel.pp import schedule
+from minipar.parallel.pp import schedule, validate_schedule
 from minipar.runtime.collectives import all_gather
 
 
@@ -160,33 +160,29 @@ def test_a_pipeline_with_dp_and_tp_trains_like_one_device(dpkit, data):
 @settings(max_examples=10)
 @given(data=st.data())
 def test_split_backward_schedules_with_dp_and_tp_train_like_one_device(dpkit, data):
-    """The backward split into I and W (derived here until the zero-bubble generators
-    land: every B as I then W at once, or every W deferred to the end of its rank's list),
-    through parallelize with dp under DDP, ZeRO-1 or ZeRO-3 (each reducing after the last
-    W), tp with or without SP, pp 1..4, m 1..8, even, uneven or given splits, tied or
-    not, dropout and clipping: one device's losses, gradients, norms, weights, moments."""
-    name = data.draw(st.sampled_from(["1f1b", "interleaved_1f1b", "gpipe"]), "schedule")
-    p = data.draw(st.integers(1, 4), "pp")
-    if name == "interleaved_1f1b":
-        v = data.draw(st.sampled_from([2, 1]), "chunks")
-        m = p * data.draw(st.integers(1, max(1, 8 // p)), "micro-batches / pp")
-    else:
-        v, m = 1, data.draw(st.integers(1, 8), "micro-batches")
+    """The backward split into I and W (the zero-bubble generators' schedules once on
+    main, and schedules derived here: every B as I then W at once, or every W deferred to
+    the end of its rank's list), through parallelize with dp under DDP, ZeRO-1 or ZeRO-3
+    (each reducing after the last W), tp with or without SP, pp 1..4, m 1..8, even,
+    uneven or given splits, tied or not, dropout and clipping: one device's losses,
+    gradients, norms, weights, moments. Stages sit where the schedule places them."""
+    actions, what = dpkit.draw_split_schedule(data)
+    info = validate_schedule(actions)
+    p, S, m = len(actions), info.stages, info.microbatches
     dp = data.draw(st.sampled_from([2, 1]), "dp")
     tp = data.draw(st.sampled_from([2, 1]) if p * dp <= 4 else st.just(1), "tp")
     zero = data.draw(st.sampled_from([3, 1, 0]), "zero")
     sp = tp > 1 and data.draw(st.booleans(), "sequence parallel")
-    S = p * v
     if data.draw(st.booleans(), "layers given as a list"):
         layers = data.draw(st.lists(st.integers(0, 2), min_size=S, max_size=S)
                            .filter(lambda c: sum(c) > 0), "layers")
         L = sum(layers)
     else:
         layers, L = None, S + data.draw(st.integers(0, 2), "layers beyond one per stage")
-    tie = data.draw(st.booleans(), "tied") and not (p == 1 and S > 1 and zero == 3)
+    ends_on_one_rank = S > 1 and info.placement[0] == info.placement[S - 1]
+    tie = data.draw(st.booleans(), "tied") and not (ends_on_one_rank and zero == 3)
     clip = data.draw(st.sampled_from([None, 0.05]), "max_grad_norm")
-    defer = data.draw(st.booleans(), "every W deferred to the end")
-    event(f"{name} p={p} v={v} dp={dp} tp={tp} zero={zero} defer={defer}")
+    event(f"{what} dp={dp} tp={tp} zero={zero}")
     cfg = tiny(dpkit, num_layers=L, tie_embeddings=tie,
                dropout=data.draw(st.sampled_from([0.0, 0.1]), "dropout"),
                seed=data.draw(st.integers(0, 2**16), "seed"))
@@ -194,7 +190,6 @@ def test_split_backward_schedules_with_dp_and_tp_train_like_one_device(dpkit, da
     batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dp * b, seed=cfg.seed)
     dims = (ParallelDims(dp_replicate=dp, pp=p, tp=tp) if zero == 0
             else ParallelDims(dp_shard=dp, pp=p, tp=tp))
-    actions = dpkit.split_backward(schedule(name, p, m, v), defer)
     res = composed(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=sp,
                    max_grad_norm=clip, schedule=actions, microbatches=m, layers=layers)
     check(dpkit, reference(cfg, batches, m, dpkit.OPT, clip), res)

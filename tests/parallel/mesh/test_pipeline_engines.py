@@ -133,6 +133,8 @@ def test_with_the_backward_split_each_gradient_is_reduced_after_the_last_w(dpkit
         assert all(e.start >= last_w for e in reduced)
         gathers = [e for e in on_dp if e.name == "all_gather"]
         assert len(gathers) == (2 * M * len(engine.units) if zero == 3 else 0)
+        tied = [e for e in comm if e.group == pp and e.name == "all_reduce"]
+        assert len(tied) == 1 and tied[0].start >= last_w  # the embedding group's sum too
 
 
 @pytest.mark.timeout(60)

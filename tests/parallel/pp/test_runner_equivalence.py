@@ -28,7 +28,7 @@ from minipar.data.batches import split_microbatches
 from minipar.nn import GPT
 from minipar.optim import AdamW
 from minipar.parallel.pp import (PipelineRunner, build_stages, placement, schedule,
-                                 split_layers)
+                                 split_layers, validate_schedule)
 
 
 def reference(cfg, batches, m, opt):
@@ -141,34 +141,29 @@ def test_every_schedule_trains_like_one_device(dpkit, data):
 @settings(max_examples=12)
 @given(data=st.data())
 def test_split_backward_schedules_train_like_one_device(dpkit, data):
-    """The backward split into I and W (zero-bubble's actions) by the runner: each drawn
-    schedule with every B replaced by I then W at once, or by I with every W deferred to
-    the end of its rank's list (the W of all m micro-batches pending at once); pp 1..4,
-    m 1..8, 1 or 2 chunks, even, uneven and given splits, tied or not, dropout,
-    recomputation: one device's losses, gradients, weights and moments."""
-    name = data.draw(st.sampled_from(["1f1b", "gpipe", "interleaved_1f1b"]), "schedule")
-    p = data.draw(st.integers(1, 4), "pp")
-    if name == "interleaved_1f1b":
-        v = data.draw(st.integers(1, 2), "chunks")
-        m = p * data.draw(st.integers(1, max(1, 8 // p)), "micro-batches / pp")
-    else:
-        v, m = 1, data.draw(st.integers(1, 8), "micro-batches")
-    S = p * v
+    """The backward split into I and W (zero-bubble's actions) by the runner: the
+    zero-bubble generators' schedules (once on main), and each drawn schedule with every
+    B replaced by I then W at once, or by I with every W deferred to the end of its
+    rank's list (the W of all m micro-batches pending at once); pp 1..4, m 1..8, 1 or 2
+    chunks, even, uneven and given splits, tied or not, dropout, recomputation: one
+    device's losses, gradients, weights and moments. Stages are placed as the schedule
+    places them (placement(actions)), V-shapes included."""
+    actions, what = dpkit.draw_split_schedule(data)
+    info = validate_schedule(actions)
+    S, m = info.stages, info.microbatches
     if data.draw(st.booleans(), "layers given as a list"):
         layers = data.draw(st.lists(st.integers(0, 2), min_size=S, max_size=S)
                            .filter(lambda c: sum(c) > 0), "layers")
         L = sum(layers)
     else:
         layers, L = None, S + data.draw(st.integers(0, S), "layers beyond one per stage")
-    defer = data.draw(st.booleans(), "every W deferred to the end")
-    event(f"{name} p={p} v={v} {'W at the end' if defer else 'I W at once'}")
+    event(what)
     cfg = dpkit.tiny_config(
         num_layers=L, seq_len=4, tie_embeddings=data.draw(st.booleans(), "tied"),
         dropout=data.draw(st.sampled_from([0.0, 0.1]), "dropout"),
         recompute=data.draw(st.sampled_from(["none", "selective", "full"]), "recompute"),
         seed=data.draw(st.integers(0, 2**16), "seed"))
     batches = dpkit.global_batches(cfg, steps=3, global_batch=m, seed=cfg.seed)
-    actions = dpkit.split_backward(schedule(name, p, m, v), defer)
     check(dpkit, reference(cfg, batches, m, dpkit.OPT),
           pipeline(cfg, batches, actions, dpkit.OPT, layers))
 
