@@ -189,18 +189,38 @@ def split_backward(actions, defer: bool = False):
     return out
 
 
+def v_shape(p: int, m: int, defer: bool):
+    """A V-shaped split schedule written here (GPipe's order on 2p stages): stage s on rank
+    s for s < p, else on rank 2p - 1 - s, so rank 0 holds the first and the last stage
+    (ZBV's and DualPipeV's placement, not s mod p). Each rank runs its first leg's
+    forwards, its second leg's, then the second leg's I (and W), the first leg's."""
+    out = []
+    for r in range(p):
+        first, second = r, 2 * p - 1 - r
+        row = [Action(first, Kind.F, i) for i in range(m)]
+        row += [Action(second, Kind.F, i) for i in range(m)]
+        for s in (second, first):
+            row += [Action(s, Kind.B, i) for i in range(m)]
+        out.append(row)
+    return split_backward(out, defer)
+
+
 # the zero-bubble generators, once main has them (written beside this work): the split
 # tests draw them too, and until then the schedules split_backward derives
 ZERO_BUBBLE = tuple(n for n in ("zb_h1", "zb_h2", "zbv", "dualpipev") if n in SCHEDULES)
 
 
 def draw_split_schedule(data, max_pp: int = 4):
-    """A drawn schedule whose backward is split: a zero-bubble generator's, or GPipe, 1F1B
-    or interleaved 1F1B (1 or 2 chunks) with split_backward (W at once or all deferred).
+    """A drawn schedule whose backward is split: a zero-bubble generator's, v_shape's, or
+    GPipe, 1F1B or interleaved 1F1B (1 or 2 chunks) with split_backward (W at once or all
+    deferred).
     Returns (actions, a description for hypothesis' events)."""
-    name = data.draw(st.sampled_from(("1f1b", "gpipe", "interleaved_1f1b") + ZERO_BUBBLE),
-                     "schedule")
+    name = data.draw(st.sampled_from(("1f1b", "gpipe", "interleaved_1f1b", "v")
+                                     + ZERO_BUBBLE), "schedule")
     p = data.draw(st.integers(1, max_pp), "pp")
+    if name == "v":
+        m, defer = data.draw(st.integers(1, 8), "micro-batches"), data.draw(st.booleans())
+        return v_shape(p, m, defer), f"v p={p} {'W at the end' if defer else 'I W at once'}"
     if name in ZERO_BUBBLE:  # their own constraints on p and m: what they refuse is skipped
         m = data.draw(st.integers(1, 8), "micro-batches")
         for chunks in (1, 2):
@@ -228,4 +248,4 @@ def dpkit():
         parallel_run=parallel_run, assert_close=assert_close,
         assert_state_close=assert_state_close, assert_state_equal=assert_state_equal,
         assert_state_close_by_kind=assert_state_close_by_kind, split_backward=split_backward,
-        draw_split_schedule=draw_split_schedule)
+        v_shape=v_shape, draw_split_schedule=draw_split_schedule)

@@ -96,7 +96,8 @@ class Parallelized:
                 raise ValueError(f"this run's pipeline schedule runs m = {m} micro-batches "
                                  f"a step (parallelize(..., microbatches={m})); got "
                                  f"micro_batches={micro_batches}: leave it out")
-            return broadcast_loss(self.runner.step(ids, targets), self.groups.pp)
+            return broadcast_loss(self.runner.step(ids, targets), self.groups.pp,
+                                  self.runner.loss_rank)
         x, y = self.local_batch(ids, targets)  # x, y: [s, B/dp]
         return accumulate_gradients(self.model, self.engine,
                                     split_microbatches(x, y, micro_batches or 1), no_sync)

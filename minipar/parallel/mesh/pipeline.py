@@ -23,7 +23,8 @@ What crosses forms, answered here (neither pp nor dp knows the other):
     is summed, counting what once  over tp on tp rank 0, a tied wte's last-stage copy on
                                    the first stage's rank only (Megatron's
                                    param_is_not_shared)
-    which loss a rank reports      the last stage's, broadcast over the pp group (Megatron-LM
+    which loss a rank reports      the last stage's, broadcast over the pp group from the
+                                   rank the schedule places it on (Megatron-LM
                                    logs it on the last stage; every rank gets it here, so a
                                    loop reads the loss the same way on every layout): the
                                    mean over the m micro-batches of this dp block
@@ -117,12 +118,15 @@ def build_runner(stages: RankStages, actions: Schedule, groups: ParallelGroups,
                           batch_shard=groups.batch_shard)
 
 
-def broadcast_loss(loss: Optional[float], group: ProcessGroup) -> float:
-    """The last pipeline rank's loss on every rank of the pp group (8 bytes)."""
+def broadcast_loss(loss: Optional[float], group: ProcessGroup, src: Optional[int] = None
+                   ) -> float:
+    """The loss of pipeline rank `src` (the one holding the last stage: the runner's
+    loss_rank; default the last) on every rank of the pp group (8 bytes)."""
     if group.size == 1:
         return float(loss)
     x = np.array([np.nan if loss is None else loss], dtype=np.float64)
-    return float(broadcast(x, src=group.ranks[-1], group=group)[0])
+    src = group.size - 1 if src is None else src
+    return float(broadcast(x, src=group.ranks[src], group=group)[0])
 
 
 class NoParameters:

@@ -142,6 +142,12 @@ class PipelineRunner:
         ranks = [self.group.ranks[where[0]], self.group.ranks[where[S - 1]]]
         return new_group(ranks, f"embedding/{self.group.name}")
 
+    @property
+    def loss_rank(self) -> int:
+        """The pipeline rank holding the last stage, whose step() returns the loss (the
+        last rank for the 1F1B family; rank 0 in a V)."""
+        return self.info.placement[self.info.stages - 1]
+
     def parameters(self) -> list:
         """This rank's parameters, each once (stage order): what its optimizer steps."""
         out, seen = [], set()

@@ -201,20 +201,23 @@ SPLIT_CASES = [  # (dims, zero, sequence parallel, schedule, chunks, W deferred)
     (ParallelDims(dp_shard=2, pp=2, tp=2), 3, True, "1f1b", 1, False),
     (ParallelDims(dp_shard=2, pp=4), 3, False, "gpipe", 1, True),
     (ParallelDims(dp_replicate=2, pp=2, tp=2), 0, False, "interleaved_1f1b", 2, False),
+    (ParallelDims(dp_shard=2, pp=2, tp=2), 1, True, "v", 2, True),  # stages 0, 3 on rank 0
 ]
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("dims, zero, sp, name, v, defer", SPLIT_CASES)
 def test_fixed_split_backward_compositions(dpkit, dims, zero, sp, name, v, defer):
-    """DDP, ZeRO-1 and ZeRO-3 each with tp = 2 (SP on and off) under a split schedule, 4
-    micro-batches, tied embeddings, dropout and the clip active on every step."""
+    """DDP, ZeRO-1 and ZeRO-3 each with tp = 2 (SP on and off) under a split schedule, a
+    V-shaped one too (the first and last stages on pipeline rank 0, which reports the
+    loss), 4 micro-batches, tied embeddings, dropout and the clip active on every step."""
     m = 4
     cfg = tiny(dpkit, num_layers=5, tie_embeddings=True, dropout=0.1, seed=dims.world_size)
     batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dims.dp, seed=cfg.seed)
     ref = reference(cfg, batches, m, dpkit.OPT, 0.05)
     assert all(n > 0.05 for n in ref[2])
-    actions = dpkit.split_backward(schedule(name, dims.pp, m, v), defer)
+    actions = (dpkit.v_shape(dims.pp, m, defer) if name == "v" else
+               dpkit.split_backward(schedule(name, dims.pp, m, v), defer))
     check(dpkit, ref, composed(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=sp,
                                max_grad_norm=0.05, schedule=actions, microbatches=m))
 
