@@ -148,6 +148,22 @@ def test_the_whole_gpt(kw):
     assert held == 8 * (blocks + head + embed) + 8 * 2 * N  # ... and int64 ids, positions
 
 
+def test_the_whole_gpt_in_bfloat16():
+    """16-bit activations and weights (float32 accumulation inside each op): still the same
+    operations on the same arrays, so still bit for bit; W's records in bf16 are a quarter
+    of float64's (the int64 ids and positions aside)."""
+    cfg = CFG.with_(dtype="bfloat16", dropout=0.1, tie_embeddings=True)
+    fused, (b,), _ = gpt_backward(cfg, split=False)
+    split, (i, w), held = gpt_backward(cfg, split=True)
+    for name in fused:
+        assert split[name].dtype == fused[name].dtype
+        np.testing.assert_array_equal(split[name].astype(np.float32),
+                                      fused[name].astype(np.float32), err_msg=name)
+    assert i + w == b
+    _, _, held64 = gpt_backward(cfg.with_(dtype="float64"), split=True)
+    assert (held - 8 * 2 * N) * 4 == held64 - 8 * 2 * N
+
+
 def test_backward_post_fires_after_w_never_during_i():
     """A data-parallel engine reduces a unit at its backward_post: during I no unit's
     gradients are complete, so none fires there; W fires each one, in the fused order."""

@@ -202,6 +202,7 @@ SPLIT_CASES = [  # (dims, zero, sequence parallel, schedule, chunks, W deferred)
     (ParallelDims(dp_shard=2, pp=4), 3, False, "gpipe", 1, True),
     (ParallelDims(dp_replicate=2, pp=2, tp=2), 0, False, "interleaved_1f1b", 2, False),
     (ParallelDims(dp_shard=2, pp=2, tp=2), 1, True, "v", 2, True),  # stages 0, 3 on rank 0
+    (ParallelDims(dp_shard=2, pp=4), 2, False, "1f1b", 1, True),  # ZeRO-2 too
 ]
 
 
