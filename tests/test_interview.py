@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+import itertools
 import math
 import os
 import string
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,50 @@ AR_16H = hier_ar(S_TP, 4, 4)
 AR_16R = ring_ar(S_TP, 16, IB_B, IB_A)
 # the tiny tensor-parallel GPT (s 12, b 2, h 16, bf16) on 4 ranks
 S_TINY_TP = 12 * 2 * 16 * 2
+# lesson 05: stages of t_F = 5, t_B = 11 ms; the 48-layer model (s 2048, b 2, h 6144) with
+# the attention core recomputed, 34 sbh bytes a layer; p = 6 stages of 8 layers, m = 10
+T_FB = 5 + 11
+SBH_PP = 2048 * 2 * 6144
+A_SEL = 34 * SBH_PP
+STAGE_8 = 8 * A_SEL
+PP_GIVEN = dict(s=2048, b=2, h=6144, a=64, layers=48)
+FIRST_1F1B = ", ".join(str(min(6 - r, 10)) for r in range(6))  # min(p - r, m)
+# one stage boundary's bf16 [s, b, h] message, and a stage of 16 layers at the bf16 peak
+S_PP = SBH_PP * 2
+C_IB = IB_A + S_PP / IB_B
+STAGE_16 = 72 * 2 * 2048 * 16 * 6144**2 * (1 + 2048 / (6 * 6144)) / PEAK
+# a layer's and the logit layer's forward + backward (6 b s h V), V = 128256
+T_LAYER = 72 * 2 * 2048 * 6144**2 * (1 + 2048 / (6 * 6144)) / PEAK
+T_HEAD = 6 * 2 * 2048 * 6144 * 128256 / PEAK
+
+
+def flow_shop(T, m):
+    """GPipe with uneven stages, t_B = 2 t_F on each: sum T + (m - 1) max T."""
+    return sum(T) + (m - 1) * max(T)
+
+
+def even_counts(L, S):
+    q, r = divmod(L, S)
+    return [q + (i < r) for i in range(S)]
+
+
+def balanced_head_split(L=48, p=6, m=10):
+    """The last stage's count k (largest first) whose flow shop is least: (counts, step)."""
+    def stage_times(c):
+        return [n * T_LAYER + (T_HEAD if i == p - 1 else 0) for i, n in enumerate(c)]
+    tries = [even_counts(L - k, p - 1) + [k] for k in range(L // p, 0, -1)]
+    steps = [flow_shop(stage_times(c), m) for c in tries]
+    best = next(i for i, s in enumerate(steps) if s <= min(steps) * (1 + 1e-12))
+    return tries[best], stage_times(tries[best]), steps[best]
+
+
+BEST_SPLIT, BEST_T, BEST_STEP = balanced_head_split()
+EVEN_T = [8 * T_LAYER] * 5 + [8 * T_LAYER + T_HEAD]
+
+
+def least_m(p, r):
+    """The least m with m/(m + p - 1) >= r, exactly."""
+    return next(m for m in itertools.count(1) if Fraction(m, m + p - 1) >= r)
 
 EXPECTED = {
     "q01": dict(psi_b=13, n=24, gpu_gb=80, w_pp=2, g_pp=2, o_pp=12, bytes_pp=16,
@@ -249,6 +295,74 @@ EXPECTED = {
                 sim_tp_fwd=2 * 3 * S_TINY_TP // 2, sim_sp_fwd=4 * 3 * S_TINY_TP // 4,
                 sim_tp_bwd=2 * 3 * S_TINY_TP // 2,
                 sim_sp_bwd=6 * 3 * S_TINY_TP // 4 + 3 * (6 * 16 * 2) // 2),
+    # -- lesson 05 --
+    "q33": dict(p=6, m=10, t_f_ms=5, t_b_ms=11, rule=4, step_ms=(10 + 6 - 1) * T_FB,
+                busy_ms=10 * T_FB, idle_ms=(6 - 1) * T_FB, over_ideal=5 / 10,
+                over_total=5 / (10 + 5), m_rule=4 * 6, rule_share=5 / (24 + 5)),
+    "q34": dict(p=6, m=10, t_f_ms=5, t_b_ms=11, **PP_GIVEN, gpipe_ms=15 * T_FB,
+                f1b_ms=15 * T_FB, layer_mb=A_SEL / 1e6, per_stage=48 // 6,
+                stage_gb=STAGE_8 / 1e9, gpipe_peak=10, gpipe_gb=10 * STAGE_8 / 1e9,
+                f1b_peaks=FIRST_1F1B, f1b_first_gb=6 * STAGE_8 / 1e9),
+    # torch's list is Megatron's; the literal reading holds min(p - r + 1, m)
+    "q35": dict(p=6, m=10, t_f_ms=5, t_b_ms=11, **PP_GIVEN, first_f=min(10, 6),
+                literal_first_f=min(10, 6 + 1), peaks=FIRST_1F1B,
+                literal_peaks=", ".join(str(min(6 - r + 1, 10)) for r in range(6)),
+                extra_gb=STAGE_8 / 1e9, ranks_more=sum(10 > 6 - r for r in range(6)),
+                mine_ms=15 * T_FB, literal_ms=15 * T_FB),
+    # 2(S - 1)m messages for S stages; rank 0 holds 2(p - 1) + (v - 1)p + 1 chunk pairs
+    "q36": dict(p=6, m_bad=10, m=12, v=2, t_f_ms=5, t_b_ms=11, fix="6 or 12",
+                f1b_ms=(12 + 5) * T_FB, inter_ms=(12 + 5 / 2) * T_FB, f1b_bubble=5 / 12,
+                inter_bubble=5 / 24, f1b_msgs=2 * 5 * 12, inter_msgs=2 * 11 * 12,
+                msg_ratio=11 / 5, f1b_peak=6, inter_pairs=2 * 5 + 6 + 1,
+                inter_peak=(2 * 5 + 6 + 1) / 2, mem_factor=(2 * 5 + 6 + 1) / 2 / 6),
+    "q37": dict(p=64, m_seed=4, m_fix=32, mfu_seed_pct=28, mfu_fix_pct=51, mfu_stage_pct=60,
+                seed_over=63 / 4, seed_share=63 / 67, seed_bound=4 / 67, fix_over=63 / 32,
+                fix_share=63 / 95, fix_bound=32 / 95, implied_seed=0.28 * 67 / 4,
+                implied_fix=0.51 * 95 / 32, floor_m=least_m(64, Fraction(51, 100)),
+                floor_bound=66 / (66 + 63), real_m=least_m(64, Fraction(51, 60)),
+                fix_peak=min(64, 32), floor_peak=min(64, 66)),
+    # GPipe with a message cost c <= t_F: (m + p - 1)(t_F + t_B) + 2(p - 1)c
+    "q38": dict(s=2048, b=2, h=6144, layers=48, p=3, m=10, t=8, msg_mb=S_PP / 1e6,
+                ib_ms=C_IB * 1e3, nv_us=(NV_A + S_PP / NV_B) * 1e6, per_stage=16,
+                compute_ms=STAGE_16 * 1e3, pp_share=2 * C_IB / STAGE_16,
+                step0_ms=12 * STAGE_16 * 1e3, step_ms=(12 * STAGE_16 + 2 * 2 * C_IB) * 1e3,
+                extra_ms=2 * 2 * C_IB * 1e3, ars=4 * 16, tp_gb=64 * 2 * 7 / 8 * S_PP / 1e9,
+                tp_ratio=64 * 2 * 7 / 8 / 2, tp_nv_ms=64 * ring_ar(S_PP, 8, NV_B, NV_A) * 1e3,
+                tp_ib_ms=64 * ring_ar(S_PP, 8, IB_B, IB_A) * 1e3,
+                tp_compute_ms=STAGE_16 / 8 * 1e3),
+    "q39": dict(s=2048, b=2, h=6144, layers=48, vocab=128256, p=6, m=10,
+                layer_ms=T_LAYER * 1e3, head_ms=T_HEAD * 1e3, head_layers=T_HEAD / T_LAYER,
+                even="8, 8, 8, 8, 8, 8", even_last_ms=EVEN_T[-1] * 1e3,
+                even_other_ms=EVEN_T[0] * 1e3, even_step_ms=flow_shop(EVEN_T, 10) * 1e3,
+                best=", ".join(map(str, BEST_SPLIT)), best_max_ms=max(BEST_T) * 1e3,
+                best_step_ms=BEST_STEP * 1e3, speedup=flow_shop(EVEN_T, 10) / BEST_STEP),
+    # m = B/(dp b); 1F1B's rank 0 holds p micro-batches, GPipe's all B/dp sequences
+    "q40": dict(global_batch=960, dp=8, b=2, b_small=1, p=6, s=2048, h=6144, a=64, layers=48,
+                m1=960 // (8 * 2), m2=960 // 8, over1=5 / 60, over2=5 / 120,
+                share1=5 / 65, share2=5 / 125, f1b_gb1=6 * STAGE_8 / 1e9,
+                f1b_gb2=6 * STAGE_8 / 2 / 1e9, gpipe_gb=60 * STAGE_8 / 1e9,
+                msgs1=2 * 5 * 60, msgs2=2 * 5 * 120),
+    # blocking rendezvous sends: rank r < p - 1 stuck sending micro-batch p - r - 1's
+    # activations, the last rank sending micro-batch 0's gradient
+    "q41": dict(p=3, m=4, t_f_ms=5, t_b_ms=11,
+                stuck="rank 0 at 0SEND_F2; rank 1 at 1SEND_F1; rank 2 at 2SEND_B0",
+                eager_ms=(4 + 3 - 1) * T_FB, isend_ms=(4 + 3 - 1) * T_FB),
+    "q42": dict(vocab=51200, h=6144, p=6, sim_p=4, params_m=51200 * 6144 / 1e6,
+                grad_gb=51200 * 6144 * 4 / 1e9,
+                ar_ms=(2 * IB_A + 51200 * 6144 * 4 / IB_B) * 1e3, algorithm="ring",
+                copy_gb=51200 * 6144 * 16 / 1e9, sim_counts="1, 0, 0, 1",
+                sim_bytes=19 * 8 * 8),
+    "q43": dict(p=6, ms=(6, 12, 24, 48),
+                gpipe_bubbles=", ".join(f"{100 * 5 / m:.1f}%" for m in (6, 12, 24, 48)),
+                f1b_bubbles=", ".join(f"{100 * 5 / m:.1f}%" for m in (6, 12, 24, 48)),
+                gpipe_peaks="6, 12, 24, 48", f1b_peaks="6, 6, 6, 6", f1b_last="1, 1, 1, 1"),
+    # rank 0: min(p, m) micro-batches of L/p layers = L layers; interleaved
+    # (2(p - 1) + (v - 1)p + 1) chunk pairs of L/(pv) layers = L(1 + (p - 1)/(pv))
+    "q44": dict(**PP_GIVEN, m=10, ps=(2, 3, 4, 6), p_inter=6, m_inter=12, v1=4, v2=8,
+                first="2, 3, 4, 6", per_stage="24, 16, 12, 8", r0_gb=48 * A_SEL / 1e9,
+                whole_gb=48 * A_SEL / 1e9, inter1_gb=(1 + 5 / 24) * 48 * A_SEL / 1e9,
+                inter2_gb=(1 + 5 / 48) * 48 * A_SEL / 1e9, factor1=1 + 5 / 24,
+                factor2=1 + 5 / 48, last_gb=STAGE_8 / 1e9),
 }
 
 # numbers an answer may show twice because they are equal by construction
@@ -263,6 +377,12 @@ INHERENT = {
     "q30": [{"t", "sim_t"}],
     "q32": [{"t", "sim_t"}, {"tp_fwd_mb", "sp_fwd_mb", "tp_bwd_mb"},
             {"sim_tp_fwd", "sim_sp_fwd", "sim_tp_bwd"}],
+    "q34": [{"gpipe_ms", "f1b_ms"}, {"m", "gpipe_peak"}],  # the same clock; GPipe holds m
+    "q35": [{"mine_ms", "literal_ms"}, {"p", "first_f", "ranks_more"}],  # min(m, p) on rank 0
+    "q36": [{"p", "f1b_peak"}],  # 1F1B: min(p, m) = p on rank 0
+    "q37": [{"m_fix", "fix_peak"}, {"p", "floor_peak"}],  # min(p, m)
+    "q41": [{"eager_ms", "isend_ms"}],  # the send mode does not change the clock
+    "q44": [{"r0_gb", "whole_gb"}],  # the point: one micro-batch through all L layers
 }
 
 
@@ -271,11 +391,12 @@ def placeholders(fmt):
 
 
 # ---- the bank's shape ------------------------------------------------------------------
-def test_at_least_25_questions_and_4_per_lesson():
+def test_at_least_25_questions_and_4_per_lesson_12_for_pipelines():
     assert len(bank.QUESTIONS) >= 25
     per_lesson = collections.Counter(q.lesson for q in bank.QUESTIONS)
-    assert set(per_lesson) == {"00", "01", "02", "03", "04"}
+    assert set(per_lesson) == {"00", "01", "02", "03", "04", "05"}
     assert all(count >= 4 for count in per_lesson.values()), per_lesson
+    assert per_lesson["05"] >= 12
     ids = [q.id for q in bank.QUESTIONS]
     assert ids == [f"q{i:02d}" for i in range(1, len(ids) + 1)]
     lessons = [q.lesson for q in bank.QUESTIONS]
@@ -391,6 +512,46 @@ def test_which_collective_each_zero_stage_runs():
     assert set(z3[0]) == {"all_gather"}, "ZeRO-3's forward only gathers weights"
     assert set(z3[1]) == {"all_gather", "reduce_scatter"}
     assert "all_reduce" not in z1[1] + z2[1] + z3[1]
+
+
+def test_the_pipeline_example_data_separate_right_from_common_wrong_formulas():
+    v = VALUES
+    # t_B is not 2 t_F here, so the shortcut "3 t_F a slot" gives another step
+    q = v["q33"]
+    assert q["t_b_ms"] != 2 * q["t_f_ms"]
+    assert q["step_ms"] != pytest.approx((q["m"] + q["p"] - 1) * 3 * q["t_f_ms"])
+    assert q["over_ideal"] != pytest.approx(q["over_total"])  # two spellings, two numbers
+    # interleaving divides the bubble by v exactly, but multiplies messages by
+    # (pv - 1)/(p - 1), not v
+    q = v["q36"]
+    assert q["inter_bubble"] == pytest.approx(q["f1b_bubble"] / q["v"])
+    assert q["msg_ratio"] != pytest.approx(q["v"]) and q["mem_factor"] > 1
+    # incident B: the fix's bound is below the MFU it claims, at any stage MFU
+    q = v["q37"]
+    assert q["fix_bound"] < q["mfu_fix_pct"] / 100 < q["floor_bound"]
+    assert q["implied_fix"] > 1 and q["implied_seed"] > 1
+    # the head makes the even split's last stage the slowest, and the fix moves layers off it
+    q = v["q39"]
+    assert q["even_last_ms"] > q["best_max_ms"] > q["even_other_ms"] and q["speedup"] > 1
+    # 1F1B's first rank holds L layers' worth at every p; interleaving holds more
+    q = v["q44"]
+    assert q["r0_gb"] == pytest.approx(q["whole_gb"]) and min(q["factor1"], q["factor2"]) > 1
+
+
+def test_blocking_sends_deadlock_1f1b_only_under_rendezvous():
+    """q41: with blocking sends and rendezvous every rank is stuck in a send; with eager
+    sends, or isend under rendezvous, the same lists finish on the same clock."""
+    run = bank.send_modes_run(3, 4, 5, 11)
+    stuck = run[True, "rendezvous"]
+    assert set(stuck) == {0, 1, 2} and all("SEND" in a for a in stuck.values())
+    assert run[True, "eager"] == run[False, "rendezvous"] == pytest.approx(6 * 16e-3)
+
+
+def test_the_tied_embedding_all_reduce_runs_on_the_first_and_last_stage_only():
+    """q42: the embedding group is the first and last pipeline ranks, and nothing else."""
+    runs = bank.tied_run(4)
+    assert [count for count, _ in runs] == [1, 0, 0, 1]
+    assert {nbytes for count, nbytes in runs if count} == {19 * 8 * 8}
 
 
 # ---- the command ---------------------------------------------------------------------------
