@@ -221,14 +221,12 @@ def draw_split_schedule(data, max_pp: int = 4):
     if name == "v":
         m, defer = data.draw(st.integers(1, 8), "micro-batches"), data.draw(st.booleans())
         return v_shape(p, m, defer), f"v p={p} {'W at the end' if defer else 'I W at once'}"
-    if name in ZERO_BUBBLE:  # their own constraints on p and m: what they refuse is skipped
+    if name in ZERO_BUBBLE:  # their own chunks and constraints: what they refuse is skipped
         m = data.draw(st.integers(1, 8), "micro-batches")
-        for chunks in (1, 2):
-            try:
-                return schedule(name, p, m, chunks), f"{name} p={p} m={m}"
-            except ScheduleError:
-                pass
-        assume(False)
+        try:
+            return schedule(name, p, m), f"{name} p={p} m={m}"
+        except ScheduleError:
+            assume(False)
     if name == "interleaved_1f1b":  # Megatron's grouping: m a multiple of p
         v = data.draw(st.integers(1, 2), "chunks")
         m = p * data.draw(st.integers(1, max(1, 8 // p)), "micro-batches / pp")

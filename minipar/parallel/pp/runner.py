@@ -18,6 +18,11 @@ Each rank runs its own list of lower(actions) in order (lowering.py's contract):
                      wait in the stage's WeightGradStore for micro-batch i
     W  (sW i)        those weight gradients, accumulated: only after a parameter's last W
                      is its gradient complete
+    (sF i; tB j)     an overlapped pair (DualPipe): its forward, then its backward (B or
+                     I), on the one compute stream. The arithmetic is the pair's; the
+                     overlap is not simulated here (DualPipe hides each half's
+                     communication, the experts' all-to-all, behind the other's compute,
+                     and this model has no all-to-all): the dry run's t_F&B models it
     SEND_F, SEND_B   isend to the peer stage's rank; every send is waited at the end
                      of the list
 
@@ -63,7 +68,8 @@ from ...runtime.context import current
 from ...runtime.group import ProcessGroup
 from ...runtime.p2p import irecv, isend
 from ...runtime.trace import Event
-from .actions import B, F, I, RECV_B, RECV_F, SEND_B, SEND_F, W, Schedule, ScheduleError
+from .actions import (B, F, RECV_B, RECV_F, SEND_B, SEND_F, W, OverlapFB, Schedule,
+                      ScheduleError, parts)
 from .dry_run import check_deadlock
 from .lowering import lower
 from .stage import DropoutStream, PipelineStage
@@ -196,42 +202,52 @@ class PipelineRunner:
 
     def _run(self, micro: list, streams: dict, losses: dict, pending: list) -> None:
         """This rank's lowered list, action by action (the module docstring's table)."""
-        m = self.info.microbatches
         inputs: dict = {}    # (stage, i) -> its input activations [s, b, h]
         grads: dict = {}     # (stage, i) -> the gradient of its output [s, b, h]
         outgoing: dict = {}  # (stage, i, kind) -> the tensor a SEND moves
-        for a, msg in zip(self.actions, self._messages):
-            key = (a.stage, a.microbatch)
-            if a.kind is RECV_F or a.kind is RECV_B:
-                x = irecv(self.group.ranks[msg.src], self.group, msg.tag).wait()  # [s, b, h]
-                (inputs if a.kind is RECV_F else grads)[key] = x
-            elif a.kind is SEND_F or a.kind is SEND_B:
-                x = outgoing.pop((a.stage, a.microbatch, a.kind))
-                pending.append(isend(x, self.group.ranks[msg.dst], self.group, msg.tag))
-            elif a.kind is F:
-                stage, (x, y) = self.stages[a.stage], micro[a.microbatch]
-                rng = self._rng(streams, stage, a.microbatch)
-                out = self._timed(a, lambda: stage.forward(
-                    a.microbatch, x if stage.is_first else inputs.pop(key), y, rng))
-                self._check_draws(streams, stage, a.microbatch, rng)
-                if stage.is_last:
-                    losses[a.microbatch] = out
-                elif a.stage + 1 in self.stages:
-                    inputs[(a.stage + 1, a.microbatch)] = out  # same rank: in memory
+        tensors = (inputs, grads, outgoing)
+        for item, msg in zip(self.actions, self._messages):
+            if item.is_communication:
+                a, key = item, (item.stage, item.microbatch)
+                if a.kind is RECV_F or a.kind is RECV_B:
+                    x = irecv(self.group.ranks[msg.src], self.group, msg.tag).wait()
+                    (inputs if a.kind is RECV_F else grads)[key] = x  # x: [s, b, h]
                 else:
-                    outgoing[(a.stage, a.microbatch, SEND_F)] = out
-            elif a.kind is W:
-                stage = self.stages[a.stage]
-                self._timed(a, lambda: stage.backward_weight(a.microbatch))
-            elif a.kind is B or a.kind is I:
-                stage = self.stages[a.stage]
-                run = stage.backward if a.kind is B else stage.backward_input
-                dy = None if stage.is_last else grads.pop(key)
-                dx = self._timed(a, lambda: run(a.microbatch, dy, 1.0 / m))
-                if a.stage > 0 and a.stage - 1 in self.stages:
-                    grads[(a.stage - 1, a.microbatch)] = dx
-                elif a.stage > 0:
-                    outgoing[(a.stage, a.microbatch, SEND_B)] = dx
+                    x = outgoing.pop((a.stage, a.microbatch, a.kind))
+                    pending.append(isend(x, self.group.ranks[msg.dst], self.group, msg.tag))
+                continue
+            pair = item if isinstance(item, OverlapFB) else None
+            for a in parts(item):  # a pair: its forward, then its backward (docstring)
+                self._compute(a, micro, streams, losses, tensors, pair)
+
+    def _compute(self, a, micro: list, streams: dict, losses: dict, tensors: tuple,
+                 pair: Optional[OverlapFB]) -> None:
+        """One F, B, I or W; its input from `tensors`, its output into them."""
+        inputs, grads, outgoing = tensors
+        key, stage = (a.stage, a.microbatch), self.stages[a.stage]
+        if a.kind is F:
+            x, y = micro[a.microbatch]
+            rng = self._rng(streams, stage, a.microbatch)
+            out = self._timed(a, lambda: stage.forward(
+                a.microbatch, x if stage.is_first else inputs.pop(key), y, rng), pair)
+            self._check_draws(streams, stage, a.microbatch, rng)
+            if stage.is_last:
+                losses[a.microbatch] = out
+            elif a.stage + 1 in self.stages:
+                inputs[(a.stage + 1, a.microbatch)] = out  # same rank: in memory
+            else:
+                outgoing[(a.stage, a.microbatch, SEND_F)] = out
+        elif a.kind is W:
+            self._timed(a, lambda: stage.backward_weight(a.microbatch), pair)
+        else:  # B or I
+            run = stage.backward if a.kind is B else stage.backward_input
+            dy = None if stage.is_last else grads.pop(key)
+            m = self.info.microbatches
+            dx = self._timed(a, lambda: run(a.microbatch, dy, 1.0 / m), pair)
+            if a.stage > 0 and a.stage - 1 in self.stages:
+                grads[(a.stage - 1, a.microbatch)] = dx
+            elif a.stage > 0:
+                outgoing[(a.stage, a.microbatch, SEND_B)] = dx
 
     def _rng(self, streams: dict, stage: PipelineStage, i: int) -> np.random.Generator:
         stream = streams[id(stage.model)]
@@ -250,16 +266,19 @@ class PipelineRunner:
                 f"have its draws counted there, or the pipeline's masks would not be one "
                 f"device's")
 
-    def _timed(self, a, run):
-        """Run one F, B, I or W and record it in the trace with its stage and micro-batch."""
+    def _timed(self, a, run, pair: Optional[OverlapFB] = None):
+        """Run one F, B, I or W and record it in the trace with its stage and micro-batch
+        (and, inside an overlapped pair, the pair)."""
         ctx = current()
         begin = ctx.clock.compute
         out = run()
-        ctx.trace.record(Event(
-            ctx.rank, "compute", a.kind.value, begin, ctx.clock.compute, label=str(a),
-            meta={"action": str(a), "stage": a.stage, "kind": a.kind.value,
-                  "microbatch": a.microbatch, "pipeline_rank": self.pp_rank,
-                  "activations": ctx.ledger.held("activations")}))
+        meta = {"action": str(a), "stage": a.stage, "kind": a.kind.value,
+                "microbatch": a.microbatch, "pipeline_rank": self.pp_rank,
+                "activations": ctx.ledger.held("activations")}
+        if pair is not None:
+            meta["pair"] = str(pair)
+        ctx.trace.record(Event(ctx.rank, "compute", a.kind.value, begin, ctx.clock.compute,
+                               label=str(a), meta=meta))
         return out
 
     def _allreduce_embedding_grads(self) -> None:

@@ -203,17 +203,24 @@ SPLIT_CASES = [  # (dims, zero, sequence parallel, schedule, chunks, W deferred)
     (ParallelDims(dp_replicate=2, pp=2, tp=2), 0, False, "interleaved_1f1b", 2, False),
     (ParallelDims(dp_shard=2, pp=2, tp=2), 1, True, "v", 2, True),  # stages 0, 3 on rank 0
     (ParallelDims(dp_shard=2, pp=4), 2, False, "1f1b", 1, True),  # ZeRO-2 too
+    (ParallelDims(dp_replicate=2, pp=2, tp=2), 0, True, "zb_h1", None, False),
+    (ParallelDims(dp_shard=2, pp=2, tp=2), 3, False, "zb_h2", None, False),
+    (ParallelDims(dp_shard=2, pp=2, tp=2), 1, True, "zbv", None, False),
+    (ParallelDims(dp_shard=2, pp=2, tp=2), 1, True, "dualpipev", None, False),
+    (ParallelDims(dp_replicate=2, pp=4), 0, False, "dualpipev", None, False),
 ]
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("dims, zero, sp, name, v, defer", SPLIT_CASES)
 def test_fixed_split_backward_compositions(dpkit, dims, zero, sp, name, v, defer):
-    """DDP, ZeRO-1 and ZeRO-3 each with tp = 2 (SP on and off) under a split schedule, a
-    V-shaped one too (the first and last stages on pipeline rank 0, which reports the
-    loss), 4 micro-batches, tied embeddings, dropout and the clip active on every step."""
-    m = 4
-    cfg = tiny(dpkit, num_layers=5, tie_embeddings=True, dropout=0.1, seed=dims.world_size)
+    """DDP, ZeRO-1 and ZeRO-3 each with tp = 2 (SP on and off) under a split schedule: a
+    V-shaped one (the first and last stages on pipeline rank 0, which reports the loss),
+    the zero-bubble generators' (ZB-H1, ZB-H2, ZBV, DualPipeV with its pairs); 4
+    micro-batches (8 for DualPipeV on 4 ranks), tied embeddings, dropout and the clip
+    active on every step."""
+    m = 8 if name == "dualpipev" and dims.pp == 4 else 4  # DualPipeV needs m >= 2p
+    cfg = tiny(dpkit, num_layers=9, tie_embeddings=True, dropout=0.1, seed=dims.world_size)
     batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dims.dp, seed=cfg.seed)
     ref = reference(cfg, batches, m, dpkit.OPT, 0.05)
     assert all(n > 0.05 for n in ref[2])

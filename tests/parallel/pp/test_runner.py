@@ -22,7 +22,8 @@ import minipar as mp
 from minipar.nn import GPT, MLP, GPTConfig
 from minipar.parallel.pp import (RECV_B, Action, Kind, PipelineRunner, ScheduleDeadlockError,
                                  ScheduleError, build_stages, dry_run, lower,
-                                 placement, schedule)
+                                 placement, schedule, validate_schedule)
+from minipar.parallel.pp.actions import OverlapFB, parts
 from minipar.runtime import cost
 
 CFG = GPTConfig(vocab_size=16, seq_len=4, hidden=8, num_heads=2, num_layers=4, seed=3)
@@ -38,7 +39,8 @@ def batch(cfg, m, b=2, seed=0):
 def run_step(cfg, actions, topology=None, steps=1, layers=None, before=None):
     """One step (or more) on len(actions) ranks: per rank (runner, trace events, ledger
     peak of activations, activations held after, the rank's model)."""
-    ids, tgt = batch(cfg, len({a.microbatch for row in actions for a in row}))
+    ids, tgt = batch(cfg, len({a.microbatch for row in actions for item in row
+                               for a in parts(item)}))
 
     def program(ctx):
         model = GPT(cfg)
@@ -262,8 +264,16 @@ def split_backward(actions, defer):
     return out
 
 
+def fused_backward(actions):
+    """The inverse: each I as a B, each W dropped (same order otherwise)."""
+    return [[Action(a.stage, Kind.B, a.microbatch) if a.kind is Kind.I else a
+             for a in row if a.kind is not Kind.W] for row in actions]
+
+
 SPLIT = [("1f1b", 4, 6, 1, False), ("1f1b", 4, 6, 1, True), ("gpipe", 3, 2, 1, True),
-         ("interleaved_1f1b", 2, 4, 2, True), ("interleaved_1f1b", 1, 2, 2, False)]
+         ("interleaved_1f1b", 2, 4, 2, True), ("interleaved_1f1b", 1, 2, 2, False),
+         ("zb_h1", 4, 6, None, False), ("zb_h2", 3, 5, None, False),
+         ("zbv", 2, 4, None, False)]  # the zero-bubble generators' own I and W
 
 
 @pytest.mark.timeout(60)
@@ -279,11 +289,13 @@ def test_split_schedules_on_the_clock_the_ledger_and_the_trace(name, p, m, v, de
     is charged before the forward's records it replaces are freed), by less than the
     stage's W records."""
     topology = mp.Topology.single_node(p, device=SLOW)
-    cfg = CFG.with_(num_layers=p * v + 1, dropout=0.1)
-    actions = split_backward(schedule(name, p, m, v), defer)
+    base = schedule(name, p, m, v)
+    S = validate_schedule(base).stages
+    cfg = CFG.with_(num_layers=S + 1, dropout=0.1)
+    actions = split_backward(base, defer)
     res = run_step(cfg, actions, topology)
-    fused = run_step(cfg, schedule(name, p, m, v), topology)
-    S, d = p * v, {"F": {}, "I": {}, "W": {}}
+    fused = run_step(cfg, fused_backward(actions), topology)  # each I W pair as one B
+    d = {"F": {}, "I": {}, "W": {}}
     for (_, events, *_), (_, fused_events, *_) in zip(res, fused):
         acts = actions_of(events)
         row = actions[acts[0].meta["pipeline_rank"]]
@@ -322,3 +334,18 @@ def test_split_schedules_on_the_clock_the_ledger_and_the_trace(name, p, m, v, de
             want += ((sb * (h + V) + 2 * h) * 8) if s == S - 1 else 0
             want += (sb * h * 8 + 2 * sb * 8) if s == 0 else 0
             assert got == want, (s, got, want)
+
+
+def test_an_overlapped_pair_runs_its_forward_then_its_backward():
+    """DualPipeV's (sF i; tB j) items: each half is its own event, in that order, tagged
+    with the pair; the rank's events are the schedule's actions read through its pairs."""
+    actions = schedule("dualpipev", 2, 4)
+    for _, events, *_ in run_step(CFG.with_(num_layers=4), actions):
+        acts = actions_of(events)
+        row = actions[acts[0].meta["pipeline_rank"]]
+        assert [e.label for e in acts] == [str(a) for item in row for a in parts(item)]
+        paired = [e for e in acts if "pair" in e.meta]
+        assert paired and len(paired) == 2 * sum(isinstance(i, OverlapFB) for i in row)
+        for first, second in zip(paired[::2], paired[1::2]):
+            assert first.meta["pair"] == second.meta["pair"] == f"({first.label};" \
+                f"{second.label})OVERLAP_F_B" and first.end <= second.start

@@ -168,6 +168,26 @@ def test_split_backward_schedules_train_like_one_device(dpkit, data):
           pipeline(cfg, batches, actions, dpkit.OPT, layers))
 
 
+ZERO_BUBBLE_CASES = [("zb_h1", 4, 6, None), ("zb_h2", 3, 5, [2, 0, 1]),
+                     ("zbv", 3, 6, None), ("dualpipev", 2, 4, [1, 0, 2, 1]),
+                     ("dualpipev", 4, 10, None)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name, p, m, layers", ZERO_BUBBLE_CASES)
+def test_the_zero_bubble_schedules_train_like_one_device(dpkit, name, p, m, layers):
+    """ZB-H1, ZB-H2, ZBV and DualPipeV (its overlapped pairs run forward then backward)
+    as the generators write them, V placements read from the schedule, uneven or given
+    splits (an empty stage too), tied embeddings, dropout and selective recomputation."""
+    actions = schedule(name, p, m)
+    S = validate_schedule(actions).stages
+    cfg = dpkit.tiny_config(num_layers=sum(layers) if layers else S + 1, seq_len=4,
+                            tie_embeddings=True, dropout=0.1, recompute="selective", seed=p)
+    batches = dpkit.global_batches(cfg, steps=3, global_batch=m, seed=cfg.seed)
+    check(dpkit, reference(cfg, batches, m, dpkit.OPT),
+          pipeline(cfg, batches, actions, dpkit.OPT, layers))
+
+
 SWEEP = [(name, p, v) for p in (1, 2, 3, 4) for name, v in
          (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 1), ("interleaved_1f1b", 2))]
 
