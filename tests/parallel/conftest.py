@@ -222,7 +222,8 @@ def draw_split_schedule(data, max_pp: int = 4):
         m, defer = data.draw(st.integers(1, 8), "micro-batches"), data.draw(st.booleans())
         return v_shape(p, m, defer), f"v p={p} {'W at the end' if defer else 'I W at once'}"
     if name in ZERO_BUBBLE:  # their own chunks and constraints: what they refuse is skipped
-        m = data.draw(st.integers(1, 8), "micro-batches")
+        least = 2 * p if name == "dualpipev" else 1  # DualPipeV needs m >= 2p
+        m = data.draw(st.integers(least, max(8, least)), "micro-batches")
         try:
             return schedule(name, p, m), f"{name} p={p} m={m}"
         except ScheduleError:
