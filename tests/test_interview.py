@@ -393,8 +393,10 @@ EXPECTED = {
                 factor2=1 + 5 / 48, last_gb=STAGE_8 / 1e9),
     # -- lesson 06 --
     # a block's F, I, W: (24h + 4s)bsh, (24h + 8s)bsh, 24bsh^2 (Qi et al. 2023, Table 1)
-    "q45": dict(s=2048, b=2, h=6144, sim_s=7, sim_b=3, sim_h=10, lin=24, core_f=4, core_i=8,
-                core_w=0, fc1_gflop=8 * 2 * 2048 * 6144**2 / 1e9,
+    # W's records: x and dy of qkv, proj, fc1, fc2 (16sbh) and the LayerNorms' [h] pairs
+    "q45": dict(s=2048, b=2, h=6144, a=64, sim_s=7, sim_b=3, sim_h=10, rec_tok=16,
+                w_mb=2 * (16 * SBH_PP + 4 * 6144) / 1e6, f_mb=A_SEL / 1e6, lin=24, core_f=4,
+                core_i=8, core_w=0, fc1_gflop=8 * 2 * 2048 * 6144**2 / 1e9,
                 t_f_ms=T_F6 * 1e3, t_i_ms=T_I6 * 1e3, t_w_ms=T_W6 * 1e3,
                 w_share=24 * 6144 / (48 * 6144 + 8 * 2048)),
     # 1F1B (p - 1)(t_F + t_B), ZB-H1 (p - 1)(t_F + t_B - 2t_W); steps m(t_F + t_B) + idle
@@ -443,8 +445,10 @@ EXPECTED = {
                 h2_cost=7 / (3 * 24), h1_bubble=7 / (3 * 24), v_ms=3 * 24 * 4 + 7 * 2,
                 v_period=3 * 24 * 4, v_cost=7 / (2 * 3 * 24), dv_bubble=dv_bubble(8, 24)),
     # ZB-H1's calls on rank r: r I's, then (I, W) pairs; its last I ends r t_I before rank
-    # 0's, then r + 1 W's follow
-    "q53": dict(p=6, m=10, t_f_ms=5, t_i_ms=7, t_w_ms=4, calls=20,
+    # 0's, then r + 1 W's follow; DDP's one flat all-reduce (q20), after the W's
+    # the trap: two replicas' local gradients, tens of percent apart
+    "q53": dict(p=6, m=10, t_f_ms=5, t_i_ms=7, t_w_ms=4, sim_dp=2, sim_during_i=0,
+                sim_after_i=1, calls=20, sim_err=lambda v: v > 0.1, sim_gap=lambda v: v > 0.1,
                 missing_at_m=", ".join(str(10 - (10 - r) // 2) for r in range(6)),
                 after_last_i=", ".join(str(r + 1) for r in range(6)),
                 last_i=", ".join(str(ZB_T - 4 - 7 * r) for r in range(6)),
@@ -692,7 +696,11 @@ def test_the_zero_bubble_example_data_separate_right_from_common_wrong_formulas(
 
 def test_a_split_backward_is_complete_only_after_its_last_w():
     """q53 from the lists themselves: on every ZB-H1 rank the last action is a W, and at the
-    m-th backward call (I or W) some W's of the step have not run."""
+    m-th backward call (I or W) some W's of the step have not run. minipar's DDP under a
+    split backward reduces after W, as many times as fused, to the same bits."""
+    run = bank.bank_06.ddp_split_run(VALUES["q53"]["sim_dp"])
+    assert run["during_i"] == 0 and run["after_i"] == run["fused"] >= 1 and run["diff"] == 0
+    assert run["trap_reduces"] == 0 and min(run["trap_err"], run["trap_gap"]) > 0.1
     from minipar.parallel.pp import Kind, schedule
     p, m = VALUES["q53"]["p"], VALUES["q53"]["m"]
     for row in schedule("zb_h1", p, m):

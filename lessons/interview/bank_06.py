@@ -71,31 +71,61 @@ def block_parameters(h: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def block_flops(s: int, b: int, h: int) -> dict:
-    """One forward and backward of a one-layer GPT on a simulated device: the FLOPs its
-    block's matmuls charge to the clock, by part (the weight matmuls "linear", the
-    attention core "core") and phase (F; I = the input gradients, ".dgrad" and the core's
-    d(...); W = the weight gradients, ".wgrad"), and those of its fc1 in each phase."""
+    """One forward and split backward of a one-layer GPT on a simulated device (forward,
+    backward_input = I, backward_weight = W): the FLOPs its block's matmuls charge to the
+    clock in each phase, by part (the weight matmuls "linear", the attention core "core"),
+    and those of its fc1."""
     cfg = GPTConfig(vocab_size=16, seq_len=s, hidden=h, num_heads=2, num_layers=1, seed=1)
     ids = np.random.default_rng(3).integers(0, cfg.vocab_size, (s, b))  # [s, b]
 
     def program(ctx):
         model = GPT(cfg)
-        start = len(ctx.trace.events)
-        model.loss_and_grad(ids, np.roll(ids, -1, axis=0))
-        return [(e.label, e.flops) for e in ctx.trace.events[start:] if e.name == "matmul"]
+        marks = [len(ctx.trace.events)]
+        _, cache = model.forward(ids, np.roll(ids, -1, axis=0))
+        marks.append(len(ctx.trace.events))
+        store = model.backward_input(cache)
+        marks.append(len(ctx.trace.events))
+        model.backward_weight(store)
+        marks.append(len(ctx.trace.events))
+        return [[(e.label, e.flops) for e in ctx.trace.events[lo:hi] if e.name == "matmul"]
+                for lo, hi in zip(marks, marks[1:])]
 
     out = {(part, phase): 0 for part in ("linear", "core") for phase in "FIW"}
-    fc1 = {}
-    for label, flops in mp.launch(program, 1)[0]:
-        if label.startswith("lm_head"):
-            continue
-        part = "core" if label.startswith("attn") else "linear"
-        phase = "W" if label.endswith(".wgrad") else \
-            "I" if label.endswith(".dgrad") or label.startswith("attn d(") else "F"
-        out[part, phase] += flops
-        if label.startswith("blocks.0.mlp.fc1"):
-            fc1[phase] = fc1.get(phase, 0) + flops
+    fc1 = dict.fromkeys("FIW", 0)
+    for phase, events in zip("FIW", mp.launch(program, 1)[0]):
+        for label, flops in events:
+            if label.startswith("lm_head"):
+                continue
+            out["core" if label.startswith("attn") else "linear", phase] += flops
+            if label.startswith("blocks.0.mlp.fc1"):
+                fc1[phase] += flops
     return {"parts": out, "fc1": fc1}
+
+
+@functools.lru_cache(maxsize=None)
+def w_record_elements(s: int, b: int, h: int) -> float:
+    """The elements one block's deferred W holds after I: what a two-layer GPT's W store
+    holds (WeightGradStore.nbytes, float64) less a one-layer GPT's."""
+    def held(layers: int) -> int:
+        cfg = GPTConfig(vocab_size=16, seq_len=s, hidden=h, num_heads=2, num_layers=layers,
+                        seed=1)
+        ids = np.random.default_rng(3).integers(0, cfg.vocab_size, (s, b))  # [s, b]
+
+        def program(ctx):
+            _, cache = (model := GPT(cfg)).forward(ids, np.roll(ids, -1, axis=0))
+            return model.backward_input(cache).nbytes()
+
+        return mp.launch(program, 1)[0]
+
+    return (held(2) - held(1)) / 8
+
+
+def w_record_terms(s: int, h: int) -> tuple:
+    """(per-token elements / h, constant elements / h) of a block's W records, from two
+    micro-batch sizes: E(b) = c1 s b h + c0 h."""
+    e1, e2 = w_record_elements(s, 1, h), w_record_elements(s, 2, h)
+    per_token = (e2 - e1) / (s * h)
+    return per_token, (e1 - per_token * s * h) / h
 
 
 def split_coefficients(s: int, b: int, h: int) -> dict:
@@ -135,19 +165,68 @@ def w_tail(name: str, p: int, m: int, **durations) -> dict:
     return out
 
 
+TINY_DDP = GPTConfig(vocab_size=18, seq_len=6, hidden=12, num_heads=3, num_layers=3, seed=3)
+
+
+@functools.lru_cache(maxsize=None)
+def ddp_split_run(n: int) -> dict:
+    """TINY_DDP under DDP on n ranks, its backward fused, split (backward_input, then
+    backward_weight), and split with W run without the backward_post hooks (torch's trap:
+    store.run with only finish_backward): the all-reduces issued during I and after it,
+    the largest difference between the fused and split averaged gradients, and, for the
+    trap, how far rank 0's gradient is from the average and from rank 1's (relative)."""
+    from minipar.parallel import zero_engine
+    rng = np.random.default_rng(5)
+    ids, tgt = (rng.integers(0, TINY_DDP.vocab_size, (TINY_DDP.seq_len, 2 * n))
+                for _ in range(2))  # [s, 2n]: two sequences a rank
+
+    def program(ctx, mode):
+        model = GPT(TINY_DDP)
+        engine = zero_engine(model, stage=0, lr=1e-3)
+        cols = slice(2 * ctx.rank, 2 * ctx.rank + 2)
+        _, cache = model.forward(ids[:, cols], tgt[:, cols])
+        start = len(ctx.trace.events)
+        store = model.backward(cache) if mode == "fused" else model.backward_input(cache)
+        mid = len(ctx.trace.events)
+        if mode == "split":
+            model.backward_weight(store)
+        elif mode == "trap":
+            store.run(model.finish_backward)  # W done, backward_post never fired
+        ctx.resolve_pending()
+        names = lambda lo, hi=None: [e.name for e in ctx.trace.events[lo:hi]
+                                     if e.stream == "comm"]
+        flat = np.concatenate([g.reshape(-1) for g in engine.full_grads().values()])
+        return names(start, mid), names(mid), flat
+
+    runs = {mode: mp.launch(functools.partial(program, mode=mode), n)
+            for mode in ("fused", "split", "trap")}
+    fused, split, trap = runs["fused"], runs["split"], runs["trap"]
+    mean = fused[0][2]
+    rel = lambda x, y: float(np.linalg.norm(x - y) / np.linalg.norm(y))
+    return {"during_i": split[0][0].count("all_reduce"),
+            "after_i": split[0][1].count("all_reduce"),
+            "fused": fused[0][0].count("all_reduce") + fused[0][1].count("all_reduce"),
+            "diff": max(float(np.max(np.abs(a[2] - b[2]))) for a, b in zip(fused, split)),
+            "trap_reduces": sum(x.count("all_reduce") for x in trap[0][:2]),
+            "trap_err": rel(trap[0][2], mean), "trap_gap": rel(trap[0][2], trap[1][2])}
+
+
 # ---- the questions ---------------------------------------------------------------------
 SIM = dict(sim_s=7, sim_b=3, sim_h=10)  # the one-layer GPT whose matmuls are counted
 
 
-def q45(s, b, h, sim_s, sim_b, sim_h):
-    """F, I and W of a linear layer and of a block, measured on a simulated device."""
+def q45(s, b, h, a, sim_s, sim_b, sim_h):
+    """F, I and W of a linear layer and of a block, measured on a simulated device; what a
+    deferred W holds."""
     c = split_coefficients(sim_s, sim_b, sim_h)
     lin, core, fc1 = c["linear"], c["core"], c["fc1"]
     if len({lin["F"], lin["I"], lin["W"]}) != 1 or len(set(fc1.values())) != 1:
         raise RuntimeError(f"a block's weight matmuls should cost the same in F, I and W: "
                            f"{lin}, fc1 {fc1}")
     t = layer_times(s, b, h, sim_s, sim_b, sim_h)
-    return {"lin": num(lin["F"]), "core_f": num(core["F"]), "core_i": num(core["I"]),
+    per_token, const = w_record_terms(sim_s, sim_h)
+    return {"rec_tok": num(per_token), "w_mb": 2 * (per_token * s * b * h + const * h) / 1e6,
+            "f_mb": layer_bytes(s, b, h, a) / 1e6, "lin": num(lin["F"]), "core_f": num(core["F"]), "core_i": num(core["I"]),
             "core_w": num(core["W"]), "fc1_gflop": float(fc1["F"] * b * s * h * h) / 1e9,
             "t_f_ms": t["F"] / MS, "t_i_ms": t["I"] / MS, "t_w_ms": t["W"] / MS,
             "w_share": t["W"] / (t["I"] + t["W"])}
@@ -279,10 +358,17 @@ def q52(p, m, t_ms):
             "dv_bubble": float(dv.steady_bubble_over_ideal)}
 
 
-def q53(p, m, t_f_ms, t_i_ms, t_w_ms):
-    """The DDP-hook trap: where a split backward's gradient is complete, rank by rank."""
+def q53(p, m, t_f_ms, t_i_ms, t_w_ms, sim_dp):
+    """The DDP-hook trap: where a split backward's gradient is complete, rank by rank; and
+    minipar's DDP under a split backward, reducing after W."""
     tail = w_tail("zb_h1", p, m, F=t_f_ms, I=t_i_ms, W=t_w_ms)
-    return {"after_last_i": int_list(tail["after_last_i"]),
+    run = ddp_split_run(sim_dp)
+    if run["diff"] != 0 or run["after_i"] != run["fused"] or run["trap_reduces"]:
+        raise RuntimeError(f"DDP under a split backward should reduce after W what the fused "
+                           f"backward reduces, bit for bit, and nothing without its hooks: "
+                           f"{run}")
+    return {"sim_during_i": run["during_i"], "sim_after_i": run["after_i"],
+            "sim_err": run["trap_err"], "sim_gap": run["trap_gap"],"after_last_i": int_list(tail["after_last_i"]),
             "missing_at_m": int_list(tail["missing_at_m"]),
             "last_i": int_list(tail["last_i"]), "last_w": int_list(tail["last_w"]),
             "calls": 2 * m}
@@ -299,10 +385,11 @@ def entry(id, given, question, answer, compute):
 
 ENTRIES = [
     entry(
-        "q45", dict(s=2048, b=2, h=6144, **SIM),
+        "q45", dict(s=2048, b=2, h=6144, a=64, **SIM),
         "Zero-bubble schedules split each backward into I (the input gradient) and W (the "
-        "weight gradient) and run W later. Why may W wait and I not, and how large is each, "
-        "for a linear layer and for a transformer block at s = {s}, b = {b}, h = {h}?",
+        "weight gradient) and run W later. Why may W wait and I not, how large is each, and "
+        "what does the wait cost, for a linear layer and for a transformer block at "
+        "s = {s}, b = {b}, h = {h}, a = {a} in bf16?",
         "Because nobody waits for W. A linear layer y = x w^T makes two things in its "
         "backward: dx = dy w, the input gradient (I), which the layer below needs next (at "
         "a stage's first layer, the previous stage, waiting), and dw = dy^T x, the weight "
@@ -313,13 +400,18 @@ ENTRIES = [
         "matmul as large as the forward: for fc1 ([sb, h] to [sb, 4h]) F, I and W each cost "
         "8bsh^2 = {fc1_gflop:.0f} GFLOP. A block is not even, because the attention core "
         "(QK^T and PV) has no weights. The matmuls a one-layer GPT (s = {sim_s}, "
-        "b = {sim_b}, h = {sim_h}) charges to a simulated device: {lin}bsh^2 of weight "
+        "b = {sim_b}, h = {sim_h}) charges to a simulated device in its forward, its I and "
+        "its W (minipar's split backward): {lin}bsh^2 of weight "
         "matmuls in each of F, I and W; {core_f}bs^2h of attention core in F, {core_i}bs^2h "
         "in I, {core_w} in W. So F = ({lin}h + {core_f}s)bsh, I = ({lin}h + {core_i}s)bsh, "
         "W = {lin}bsh^2 (the zero-bubble paper's Table 1). Here a layer takes "
         "t_F = {t_f_ms:.2f} ms, t_I = {t_i_ms:.2f} ms and t_W = {t_w_ms:.2f} ms at the H100's "
         "bf16 peak: W is {w_share:.1%} of the backward and the shortest of the three, as "
-        "ZB-H1's bubble formula needs.",
+        "ZB-H1's bubble formula needs. The wait costs memory: measured on the same GPT, a "
+        "block's deferred W holds {rec_tok}sbh elements after I (each linear layer's input "
+        "and output gradient) plus a few [h] vectors, {w_mb:.0f} MB in bf16 here, against "
+        "the 34sbh = {f_mb:.0f} MB its forward kept with the attention core recomputed: a W "
+        "in flight costs about a micro-batch's activations.",
         q45),
     entry(
         "q46", dict(p=6, m=10, t_ms=3, t_f_ms=5, t_i_ms=7, t_w_ms=4),
@@ -470,7 +562,7 @@ ENTRIES = [
         "reduced while the next step runs, and a step that fails them is rolled back.",
         q52),
     entry(
-        "q53", dict(p=6, m=10, t_f_ms=5, t_i_ms=7, t_w_ms=4),
+        "q53", dict(p=6, m=10, t_f_ms=5, t_i_ms=7, t_w_ms=4, sim_dp=2),
         "With data parallelism around a zero-bubble pipeline, torch's pipelining computed "
         "the weight gradients outside autograd's backward, and DDP never reduced them "
         "(pytorch issue 144530). Where must the gradient reduction go? ZB-H1, p = {p}, "
@@ -487,6 +579,12 @@ ENTRIES = [
         "last I is not the end either: after it, rank r still runs r + 1 W's "
         "({after_last_i}). On the clock rank r's last I ends at {last_i} ms and its last W "
         "at {last_w} ms; a stage's all-reduce may start only at the second, r + 1 W's "
-        "after the first, longest on the last ranks, which defer the most.",
+        "after the first, longest on the last ranks, which defer the most. minipar's "
+        "engines reduce a unit at its backward_post hook, which a split backward fires at "
+        "the unit's W: on {sim_dp} simulated replicas DDP issues {sim_during_i} all-reduces "
+        "during I and {sim_after_i} after the W's, what the fused backward issues, and the "
+        "averaged gradients are the fused ones bit for bit. Run W there with the hooks "
+        "skipped, as torch did, and nothing is reduced: rank 0 steps on a gradient "
+        "{sim_err:.0%} away from the average (relative), {sim_gap:.0%} away from rank 1's.",
         q53),
 ]
