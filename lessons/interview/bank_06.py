@@ -18,6 +18,7 @@ import numpy as np
 
 import minipar as mp
 from minipar.nn import GPT, GPTConfig
+from minipar.parallel import zero_engine
 from minipar.parallel.pp import (Kind, OverlapFB, dry_run, lower, placement, schedule,
                                  split_layers)
 from minipar.plan import activation_bytes_per_layer, model_state_bytes
@@ -175,7 +176,6 @@ def ddp_split_run(n: int) -> dict:
     store.run with only finish_backward): the all-reduces issued during I and after it,
     the largest difference between the fused and split averaged gradients, and, for the
     trap, how far rank 0's gradient is from the average and from rank 1's (relative)."""
-    from minipar.parallel import zero_engine
     rng = np.random.default_rng(5)
     ids, tgt = (rng.integers(0, TINY_DDP.vocab_size, (TINY_DDP.seq_len, 2 * n))
                 for _ in range(2))  # [s, 2n]: two sequences a rank
@@ -226,7 +226,8 @@ def q45(s, b, h, a, sim_s, sim_b, sim_h):
     t = layer_times(s, b, h, sim_s, sim_b, sim_h)
     per_token, const = w_record_terms(sim_s, sim_h)
     return {"rec_tok": num(per_token), "w_mb": 2 * (per_token * s * b * h + const * h) / 1e6,
-            "f_mb": layer_bytes(s, b, h, a) / 1e6, "lin": num(lin["F"]), "core_f": num(core["F"]), "core_i": num(core["I"]),
+            "f_mb": layer_bytes(s, b, h, a) / 1e6, "lin": num(lin["F"]),
+            "core_f": num(core["F"]), "core_i": num(core["I"]),
             "core_w": num(core["W"]), "fc1_gflop": float(fc1["F"] * b * s * h * h) / 1e9,
             "t_f_ms": t["F"] / MS, "t_i_ms": t["I"] / MS, "t_w_ms": t["W"] / MS,
             "w_share": t["W"] / (t["I"] + t["W"])}
@@ -272,7 +273,8 @@ def q48(p, m, t_ms, t_f_ms, t_i_ms, t_w_ms, s, b, h, a, layers):
             "h1_steady": float(h1.steady_bubble_over_ideal),
             "h1_peak": h1.peak_in_flight[0], "h2_peak": h2.peak_in_flight[0],
             "per_stage": per_stage, "stage_gb": stage / GB,
-            "h1_gb": h1.peak_in_flight[0] * stage / GB, "h2_gb": h2.peak_in_flight[0] * stage / GB,
+            "h1_gb": h1.peak_in_flight[0] * stage / GB,
+            "h2_gb": h2.peak_in_flight[0] * stage / GB,
             "mem_ratio": h2.peak_in_flight[0] / h1.peak_in_flight[0],
             "h2_uneven": float(h2u.steady_bubble_over_ideal),
             "h1_uneven": float(h1u.steady_bubble_over_ideal)}
@@ -333,7 +335,8 @@ def q51(pp, m, t_f_ms, t_i_ms, t_w_ms, ratio):
     pairs = [sum(isinstance(item, OverlapFB) for item in row) for row in rows]
     return {"c_ms": c, "f1b_ms": num(one.makespan), "zb_ms": num(zb.makespan),
             "dv_ms": num(dv.makespan), "free_ms": num(free.makespan),
-            "compute_ms": m * (t_f_ms + t_i_ms + t_w_ms), "speedup": float(one.makespan / dv.makespan),
+            "compute_ms": m * (t_f_ms + t_i_ms + t_w_ms),
+            "speedup": float(one.makespan / dv.makespan),
             "over_free": float(dv.makespan / free.makespan) - 1,
             "pairs_first": pairs[0], "pairs_last": pairs[-1], "forwards": 2 * m}
 
@@ -368,7 +371,8 @@ def q53(p, m, t_f_ms, t_i_ms, t_w_ms, sim_dp):
                            f"backward reduces, bit for bit, and nothing without its hooks: "
                            f"{run}")
     return {"sim_during_i": run["during_i"], "sim_after_i": run["after_i"],
-            "sim_err": run["trap_err"], "sim_gap": run["trap_gap"],"after_last_i": int_list(tail["after_last_i"]),
+            "sim_err": run["trap_err"], "sim_gap": run["trap_gap"],
+            "after_last_i": int_list(tail["after_last_i"]),
             "missing_at_m": int_list(tail["missing_at_m"]),
             "last_i": int_list(tail["last_i"]), "last_w": int_list(tail["last_w"]),
             "calls": 2 * m}
@@ -520,7 +524,7 @@ ENTRIES = [
     entry(
         "q51", dict(pp=16, m=40, t_f_ms=6, t_i_ms=7, t_w_ms=5, ratio=1),
         "DeepSeek-V3 trained with PP = {pp} and DualPipe. Why that schedule? Its MoE layers "
-        "send every token to experts on other nodes and back (all-to-all), and its report "
+        "send tokens to experts on other nodes and back (all-to-all), and its report "
         "puts that communication at about {ratio}:1 against the computation. Take a rank's "
         "layers at t_F = {t_f_ms} ms, t_I = {t_i_ms} ms, t_W = {t_w_ms} ms a micro-batch and "
         "m = {m}.",
