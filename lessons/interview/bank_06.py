@@ -395,9 +395,9 @@ ENTRIES = [
         "what does the wait cost, for a linear layer and for a transformer block at "
         "s = {s}, b = {b}, h = {h}, a = {a} in bf16?",
         "Because nobody waits for W. A linear layer y = x w^T makes two things in its "
-        "backward: dx = dy w, the input gradient (I), which the layer below needs next (at "
-        "a stage's first layer, the previous stage, waiting), and dw = dy^T x, the weight "
-        "gradient "
+        "backward: dx = dy w, the input gradient (I), which the layer below needs next "
+        "(from a stage's first layer it goes to the previous stage, which waits for it), "
+        "and dw = dy^T x, the weight gradient "
         "(W), which nothing reads until the optimizer step. Stage s's I needs stage s + 1's "
         "I, not its W: I is on the critical path, and W can run later, in a slot where the "
         "rank would idle, as long as x and dy stay in memory until it runs. Each is one "
