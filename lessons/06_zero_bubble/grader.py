@@ -102,6 +102,8 @@ def check_split_backward(impl, h, wide, shape, s, b, seed):
         fused = flops_of(ctx, base)
         want = [p.grad.copy() for p in (mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight,
                                          mlp.fc2.bias)]
+        for param in mlp.parameters():
+            param.free_grad()  # the learner's halves start from no gradient
         _, saved = mlp.forward(x)
         inputs = ctx.ledger.held("activations")
         start = len(ctx.trace.events)
@@ -137,8 +139,9 @@ def check_split_backward(impl, h, wide, shape, s, b, seed):
         raise GradeFailure(
             f"{where}: W charged {w_charged} FLOPs, the fused backward's weight gradients "
             f"take 4·N·h·ffn = {fused['wgrad']} (dW2 = dyᵀ·g, dW1 = duᵀ·x). " + (
-                "W recomputed part of I (dg = dy·W2 again, to get du): I already made du, "
-                "keep it for W instead of recomputing it" if w_charged > fused["wgrad"]
+                "W recomputed input gradients, I's work (a Linear's own backward computes "
+                "dx as well as dW): I already made du, so W multiplies only dyᵀ·g and duᵀ·x"
+                if w_charged > fused["wgrad"]
                 else "multiply with minipar's matmul, so the clock counts the work"))
     if not isinstance(grads, (tuple, list)) or len(grads) != 4:
         raise GradeFailure(f"mlp_backward_weight returned {grads!r:.80}; expected "
@@ -190,15 +193,23 @@ def read_schedule(got, p: int, m: int) -> list[list[Action]]:
 
 
 def deferred(actions) -> list[int]:
-    """Per rank, the most W's waiting behind their I at once."""
+    """Per rank, the most W's left waiting when it moves on to an I: ZB-H1's rank r, r."""
     out = []
     for row in actions:
         waiting = peak = 0
         for a in row:
+            if a.kind == I:
+                peak = max(peak, waiting)
             waiting += (a.kind == I) - (a.kind == W)
-            peak = max(peak, waiting)
         out.append(peak)
     return out
+
+
+def defer_words(actions, p: int) -> str:
+    return (f"Your ranks leave at most {deferred(actions)} W's waiting at once; ZB-H1's rank "
+            f"r leaves r ({list(range(p))}): after each I from the r-th on it runs the oldest "
+            f"deferred W. More holds more activations than 1F1B's peak (a micro-batch's "
+            f"activations stay until its W); fewer leaves the cool-down's idle slots empty")
 
 
 @exercise("6.2", "the ZB-H1 schedule generator")
@@ -222,23 +233,15 @@ def check_zb_h1(impl, p, m):
             raise GradeFailure(
                 f"{what}: rank {r} holds {d.peak_in_flight[r]} micro-batches' activations "
                 f"at its peak, over 1F1B's peak min(p, m) = {bound} (every rank: "
-                f"{list(d.peak_in_flight)}; W's waiting at once: {deferred(actions)}). A "
-                f"micro-batch's activations stay until its W: rank r may defer r W's, no "
-                f"more (1F1B's rank r holds p - r, so ZB-H1 spends the r it has spare)")
+                f"{list(d.peak_in_flight)}). {defer_words(actions, p)}")
         if m < p:
             continue  # the formula counts a full pipeline: m >= p
-        b = t["I"] + t["W"]
-        want = (p - 1) * (t["F"] + b - 2 * t["W"])
+        want = (p - 1) * (t["F"] + t["I"] + t["W"] - 2 * t["W"])
         if tuple(d.idle) != (want,) * p:
-            ones = (p - 1) * (t["F"] + b)
             raise GradeFailure(
                 f"{what} at t_F = {t['F']}, t_I = {t['I']}, t_W = {t['W']}: the ranks idle "
                 f"{list(d.idle)}, ZB-H1's bubble is (p - 1)(t_F + t_B - 2 t_W) = {want} on "
-                f"every rank" + (
-                    f"; {ones} is 1F1B's (p - 1)(t_F + t_B): running W straight after its I "
-                    f"fills nothing. Defer W's into the cool-down, where 1F1B idles"
-                    if ones in d.idle else ". Rank r defers its first r W's and runs each "
-                    "later one right after an I, so the cool-down's gaps fill with W's"))
+                f"every rank. {defer_words(actions, p)}")
 
 
 # ---- exercise 6.3: a plan within a bubble target and an activation cap --------------------
