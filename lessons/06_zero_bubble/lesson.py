@@ -34,19 +34,13 @@ import numpy as np
 
 import minipar as mp
 from minipar.nn import Block, GPTConfig
-from minipar.parallel.pp import (F, I, W, Action, OverlapFB, ScheduleError, dry_run,
-                                 format_schedule, lower, placement, schedule)
+from minipar.parallel.pp import (I, W, Action, ScheduleError, dry_run, format_schedule, lower,
+                                 placement, schedule)
 from minipar.viz import render_pipeline
 
 cfg = GPTConfig(vocab_size=32, seq_len=8, hidden=16, num_heads=2, num_layers=4, seed=0)
 s, b, h, p = cfg.seq_len, 2, cfg.hidden, 4  # micro-batches of b sequences, p stages
 UNIT = {"F": 1, "I": 1, "W": 1, "B": 2}  # t_F = t_I = t_W = 1, t_B = t_I + t_W = 2
-
-
-def sends(lowered):
-    """The messages of a lowered schedule (a program of no rank: counts data)."""
-    return sum(a.kind.value.startswith("SEND") for row in lowered for a in row
-               if isinstance(a, Action))
 
 
 # %% [markdown]
@@ -264,17 +258,20 @@ RUNS = (("1F1B", "1f1b", None, WHOLE), ("interleaved 1F1B, v = 2", "interleaved_
         ("ZB-V", "zbv", None, CHUNK), ("DualPipeV, F&B = 3", "dualpipev", None,
                                        dict(CHUNK, **{"F&B": 3})),
         ("DualPipeV, F&B = 2", "dualpipev", None, dict(CHUNK, **{"F&B": 2})))
-side = {}
+side, messages = {}, {}
 print(f"{'schedule':<24}{'makespan':>9}{'idle/rank':>13}{'flushed':>9}{'steady':>8}"
       f"{'in flight':>10}{'sends':>7}")
 for label, name, v, t in RUNS:
     lowered = lower(schedule(name, p, 8, v))
     d = dry_run(lowered, t)
     side[label] = d
+    sent = sum(isinstance(a, Action) and a.kind.value.startswith("SEND") for row in lowered
+               for a in row)
+    messages[label] = sent
     idle = str(d.idle[0]) if len(set(d.idle)) == 1 else ",".join(map(str, d.idle))
     print(f"{label:<24}{str(d.makespan):>9}{idle:>13}{str(d.bubble_over_ideal):>9}"
           f"{str(d.steady_bubble_over_ideal):>8}{str(d.peak_activations[0]):>10}"
-          f"{sends(lowered):>7}")
+          f"{sent:>7}")
 for label in ("1F1B", "ZB-H1", "ZB-V", "DualPipeV, F&B = 2"):
     print(f"\n{label}:\n{render_pipeline(side[label], ascii=True)}")
 

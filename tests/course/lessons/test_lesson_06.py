@@ -99,9 +99,10 @@ def test_the_side_by_side_table(lesson):
     assert side["DualPipeV, F&B = 3"].idle[-1] == (P - 1) * (3 + 2 - 3)
     assert side["DualPipeV, F&B = 2"].idle[-1] == (P - 1) * (2 + 2 - 3)
     assert side["DualPipeV, F&B = 2"].makespan < busy  # the pairs shorten the work
-    lowered = {k: sum(d.info.counts[r].get("F", 0) for r in range(P)) for k, d in side.items()}
-    assert all(n == m * (P if "V" not in k and "interleaved" not in k else 2 * P)
-               for k, n in lowered.items())
+    sent = lesson["messages"]  # 2m(S - 1) over S stages, less the V's turn in memory
+    assert sent["1F1B"] == sent["ZB-H1"] == sent["ZB-H2"] == 2 * m * (P - 1)
+    assert sent["interleaved 1F1B, v = 2"] == 2 * m * (2 * P - 1)
+    assert sent["ZB-V"] == sent["DualPipeV, F&B = 2"] == 2 * m * (2 * P - 2)
 
 
 def test_a_rank_owes_r_plus_one_ws_after_its_last_i(lesson):
