@@ -14,7 +14,7 @@ Read in this order (docs/pipeline_parallel.md):
     dry_run.py    the lowered lists run on a clock: makespan, idle time, both bubble
                   fractions, the activations each rank holds; deadlocks reported first
     stage.py      PipelineStage: blocks lo..hi of a GPT (the first embeds, the last computes
-                  the loss); split_layers; build_stages; dropout masks at their places;
+                  the loss), its backward whole (B) or split (I, then W); split_layers; build_stages; dropout masks at their places;
                   RankStages, a rank's stages as one model for a data-parallel engine
     runner.py     PipelineRunner: one rank's lowered list run with isend/irecv in the pp
                   group, gradients accumulated over the micro-batches, tied embeddings'
