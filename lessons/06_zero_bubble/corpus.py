@@ -58,7 +58,7 @@ WRONG = [
     wrong("6.1", "misconception", "keeps every output gradient of the chain, dg too",
           edits=[(KEPT, line("return dx, (dy, s2, du, s1, dg)  # all of the backward's tensors")),
                  (W_START, line("dy, s2, du, s1, dg = kept"))],
-          hint=["kept", "bytes for W", "W needs", "8·N·(2h + 2ffn)"]),
+          hint=["bytes wait for W", "W needs", "8·N·(2h + 2ffn)", "dg, for one, is I's alone"]),
     wrong("6.1", "misconception", "W never gives the saved inputs back to the ledger",
           old=RELEASE, new=line("pass  # the gradients are computed: done"),
           hint=["after W the ledger still holds", "Saved.release"]),
@@ -114,6 +114,15 @@ WRONG = [
 ]
 
 RIGHT = [
+    right("I and W through minipar's own split: a WeightGradStore", edits=[
+        (DG + line("du = gelu_backward(dg, s_act)  # du: [..., ffn]; frees u, which W does "
+                   "not need") + DX + KEPT,
+         line("from minipar.nn import WeightGradStore")
+         + line("store = WeightGradStore()  # what W will read, on the ledger")
+         + line("return mlp.backward(dy, saved, store=store), store")),
+        (W_BODY, line("kept.run()  # W: every deferred record, then released")
+         + line("return tuple(p.grad for p in (mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, "
+                "mlp.fc2.bias))"))]),
     right("W through the library's half, linear_backward_weight; ZB-H1 with each deferred "
           "W run before the next forward", edits=[
               (W_BODY, W_START + line("from minipar.nn.linear import linear_backward_weight")

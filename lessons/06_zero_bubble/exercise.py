@@ -78,6 +78,7 @@ def choose_zero_bubble(pp: int, global_batch: int, min_microbatch: int, duration
     layers (peak micro-batches in flight x sequences a micro-batch). bubble_target: idle
     over busy time, of a flushed step, or of back-to-back steps when back_to_back (the
     optimizer's post-validation). Returns {"schedule": one of CHOICES, "microbatches": m,
-    "chunks": v}.
+    "chunks": v}. The grader times the plan on the dry run's clock and trains one step of
+    a small GPT with it through parallelize: one device's loss.
     """
     raise NotImplementedError("Exercise 6.3: a zero-bubble plan within a bubble and a memory budget — see lesson.py, section 7")

@@ -12,9 +12,10 @@ import numpy as np
 from hypothesis import given, strategies as st
 
 import minipar as mp
-from minipar.course.grading import (SETTINGS, GradeFailure, exercise, expect_within,
-                                    world_sizes)
-from minipar.nn import MLP, Saved
+from minipar.course.grading import (SETTINGS, GradeFailure, exercise, expect_close,
+                                    expect_within, world_sizes)
+from minipar.nn import GPT, MLP, GPTConfig, Module, Parameter, Saved
+from minipar.parallel import ParallelDims, parallelize
 from minipar.parallel.pp import (F, I, W, Action, ScheduleDeadlockError, ScheduleError,
                                  dry_run, lower, schedule, validate_schedule)
 
@@ -23,29 +24,41 @@ from minipar.parallel.pp import (F, I, W, Action, ScheduleDeadlockError, Schedul
 SHAPES = ("[N, h]", "[s, b, h]")  # the MLP's input: tokens flat, or Megatron's layout
 
 
-def held_bytes(kept) -> tuple[int, list]:
-    """Bytes of the distinct arrays reachable from `kept` (tuples, lists, dicts, Saved
-    objects), each buffer counted once, and their shapes."""
-    seen: dict[int, tuple] = {}
+def buffer(x: np.ndarray) -> int:
+    """The address of the memory an array (or a view of it) lives in."""
+    while isinstance(x.base, np.ndarray):
+        x = x.base
+    return x.__array_interface__["data"][0]
 
-    def walk(x) -> None:
+
+def off_ledger(kept, on_ledger: set) -> tuple[int, list]:
+    """Bytes and shapes of the arrays reachable from `kept` that the ledger does not count:
+    not inside a Saved (the ledger holds those) and not a buffer in `on_ledger`; each
+    buffer once. Walks tuples, lists, dicts, Saved and other objects' attributes (a store
+    of records), not the model's modules and parameters."""
+    seen: dict[int, tuple] = {}
+    visited: set[int] = set()
+
+    def walk(x, counted: bool) -> None:
+        if id(x) in visited or isinstance(x, (Module, Parameter)) or callable(x):
+            return
+        visited.add(id(x))
         if isinstance(x, np.ndarray):
-            base = x
-            while isinstance(base.base, np.ndarray):
-                base = base.base
-            key = base.__array_interface__["data"][0]
-            if base.nbytes > seen.get(key, (0,))[0]:
-                seen[key] = (base.nbytes, x.shape)
+            key = buffer(x)
+            if not counted and key not in on_ledger:
+                seen[key] = max(seen.get(key, (0, ())), (x.nbytes, x.shape))
         elif isinstance(x, (list, tuple)):
             for v in x:
-                walk(v)
+                walk(v, counted)
         elif isinstance(x, dict):
             for v in x.values():
-                walk(v)
+                walk(v, counted)
         elif isinstance(x, Saved):
-            walk(x.__dict__.get("_values", {}))  # what the Saved still holds
-    walk(kept)
-    return sum(n for n, _ in seen.values()), [s for _, s in seen.values()]
+            walk(x.__dict__.get("_values", {}), True)  # on the ledger while unreleased
+        elif hasattr(x, "__dict__"):
+            walk(vars(x), counted)
+    walk(kept, False)
+    return sum(n for n, _ in seen.values()), [shape for _, shape in seen.values()]
 
 
 def flops_of(ctx, start: int) -> dict:
@@ -105,7 +118,6 @@ def check_split_backward(impl, h, wide, shape, s, b, seed):
         for param in mlp.parameters():
             param.free_grad()  # the learner's halves start from no gradient
         _, saved = mlp.forward(x)
-        inputs = ctx.ledger.held("activations")
         start = len(ctx.trace.events)
         got = learner(f"mlp_backward_input on {where}", impl.mlp_backward_input, mlp, dy,
                       saved)
@@ -114,7 +126,9 @@ def check_split_backward(impl, h, wide, shape, s, b, seed):
                                f"(dx, kept)")
         dx, kept = got
         i_flops, after_i = flops_of(ctx, start), ctx.ledger.held("activations")
-        kept_bytes, kept_shapes = held_bytes(kept)
+        u_freed = saved[1].released
+        held = {buffer(part.x) for part in saved if not part.released}
+        extra, extra_shapes = off_ledger(kept, held)
         start = len(ctx.trace.events)
         grads = learner(f"mlp_backward_weight on {where}", impl.mlp_backward_weight, mlp,
                         kept)
@@ -151,18 +165,16 @@ def check_split_backward(impl, h, wide, shape, s, b, seed):
               "dW2 = dyᵀ·g and dW1 = duᵀ·x, summed over all N tokens ([N, out]ᵀ @ [N, in]; "
               "with x of shape [s, b, h] flatten the tokens first), db = Σ over the tokens")
     need = item * tokens * (2 * h + 2 * ffn)
-    if after_i > inputs - item * tokens * ffn:
+    if after_i + extra > need:
         raise GradeFailure(
-            f"{where}: after I the ledger still holds {after_i} bytes of activations, "
-            f"{after_i - inputs + item * tokens * ffn} more than W needs: the GeLU's input u "
-            f"[..., ffn] ({item * tokens * ffn} bytes) is I's alone. Let I release it "
-            f"(gelu_backward releases its Saved); W reads only each linear's saved input")
-    if kept_bytes > need:
-        raise GradeFailure(
-            f"{where}: mlp_backward_input kept {kept_bytes} bytes for W (arrays of shapes "
-            f"{kept_shapes}), W needs {need} = 8·N·(2h + 2ffn): fc1's input x and output "
-            f"gradient du, fc2's input g and output gradient dy. Keeping the whole saved "
-            f"tuple, or dg to recompute du, holds what only I needed")
+            f"{where}: after I, {after_i + extra} bytes wait for W ({after_i} on the ledger, "
+            f"{extra} in what mlp_backward_input kept besides: arrays of shapes "
+            f"{extra_shapes}); W needs {need} = 8·N·(2h + 2ffn): fc1's input x and output "
+            f"gradient du, fc2's input g and output gradient dy. " + (
+                "The GeLU's input u [..., ffn] is I's alone: let I release it "
+                "(gelu_backward releases its Saved)" if not u_freed else
+                "Keep each linear's saved input and output gradient, nothing more: dg, for "
+                "one, is I's alone (W needs du, which I computes from it)"))
     if after_w:
         raise GradeFailure(
             f"{where}: after W the ledger still holds {after_w} bytes of activations: W "
@@ -301,6 +313,26 @@ def timed(sc: Scenario, name: str, m: int, v: int):
     return dry_run(lower(schedule(name, sc.pp, m, v)), t)
 
 
+#: the model the plan trains for one step: 8 layers, one a stage under a V (2p = 8 stages)
+MODEL = GPTConfig(vocab_size=16, seq_len=4, hidden=8, num_heads=2, num_layers=8, seed=0)
+
+
+def trained_loss(sc: Scenario, name: str, m: int, v: int) -> tuple[float, float]:
+    """(the pipeline's loss, one device's) after one training step on the scenario's batch."""
+    rng = np.random.default_rng(1)
+    ids, targets = (rng.integers(0, MODEL.vocab_size, (MODEL.seq_len, sc.global_batch))
+                    for _ in range(2))
+
+    def program(ctx):
+        run = parallelize(MODEL, ParallelDims(pp=sc.pp), schedule=name, microbatches=m,
+                          chunks=v, lr=1e-3)
+        return run.train_step(ids, targets)
+
+    losses = mp.launch(program, sc.pp)
+    with mp.device():
+        return losses[0], GPT(MODEL).loss_and_grad(ids, targets)
+
+
 def memory_words(name: str, held, m: int, sc: Scenario) -> str:
     b = sc.global_batch // m
     return (f"{name} holds {held} micro-batches of a rank's layers at its peak, of b = B/m = "
@@ -336,3 +368,7 @@ def check_choose_zero_bubble(impl):
                       what=f"{sc.name}: the activation peak of {layout} (the dry run's "
                            f"micro-batches in flight x sequences a micro-batch)",
                       hint=memory_words(name, held, m, sc))
+        got, want = trained_loss(sc, name, m, v)
+        expect_close(got, want, rtol=1e-10, what=f"{sc.name}: the loss of {layout}, one "
+                     f"training step through parallelize", hint="a pipeline trains the "
+                     "model one device trains")

@@ -33,7 +33,8 @@ from fractions import Fraction
 import numpy as np
 
 import minipar as mp
-from minipar.nn import Block, GPTConfig
+from minipar.nn import GPT, Block, GPTConfig, WeightGradStore
+from minipar.parallel import ParallelDims, parallelize
 from minipar.parallel.pp import (I, W, Action, ScheduleError, dry_run, format_schedule, lower,
                                  placement, schedule)
 from minipar.viz import render_pipeline
@@ -53,36 +54,54 @@ UNIT = {"F": 1, "I": 1, "W": 1, "B": 2}  # t_F = t_I = t_W = 1, t_B = t_I + t_W 
 # - **dW = dYᵀ·X**, the gradient of its *weights*: nobody needs it until the optimizer
 #   step at the end of the batch — this is **W**.
 #
-# Both are one matmul of the same size, so a layer's backward is two halves of equal
-# FLOPs. A transformer block has more in I than in W: the attention core (softmax(QKᵀ)V)
-# has no weights, and its backward is input gradients only. One block, forward and
-# backward, every matmul's FLOPs read from the trace (minipar labels each matmul; the
-# weight gradients are the `wgrad` ones):
+# Both are one matmul of the same size, so a linear layer's backward is two halves of
+# equal FLOPs. A transformer block has more in I than in W: the attention core
+# (softmax(QKᵀ)V) has no weights, and its backward is input gradients only. Every layer of
+# minipar runs its backward either way: fused, `block.backward(dy, saved)`, or split,
+# `block.backward(dy, saved, store=store)` for I and `store.run()` for W later — the
+# store keeps what W will read on the ledger (`minipar/nn/weight_grads.py`, DualPipe's
+# `WeightGradStore`). One block, split, every matmul's FLOPs read from the trace, and the
+# gradients against the fused backward of the same block:
 
 # %%
 x0 = np.random.default_rng(0).standard_normal((s, b, h))  # x0: [s, b, h]
 dy0 = np.random.default_rng(1).standard_normal((s, b, h))
+with mp.device():
+    fused = Block("blocks.0", cfg)
+    fused.backward(dy0, fused.forward(x0, np.random.default_rng(2))[1])
 with mp.device() as ctx0:
-    block = Block("blocks.0", cfg)
+    block = Block("blocks.0", cfg)  # the same weights: initialised from (seed, name)
     y0, saved0 = block.forward(x0, np.random.default_rng(2))
     held = {a.name: a.nbytes for a in ctx0.ledger.live() if a.category == "activations"}
     first = len(ctx0.trace.events)
-    block.backward(dy0, saved0)
-    flops = {"I": 0, "W": 0}
-    for e in ctx0.trace.events[first:]:
-        flops["W" if e.label.endswith("wgrad") else "I"] += e.flops
+    store = WeightGradStore()
+    block.backward(dy0, saved0, store=store)  # I: dx, and W's records pushed to the store
+    middle = len(ctx0.trace.events)
+    after_i = {"ledger": ctx0.ledger.held("activations"), "records": store.nbytes()}
+    store.run()  # W: the weights' gradients, later
+    after_w = ctx0.ledger.held("activations")
+    flops = {"I": sum(e.flops for e in ctx0.trace.events[first:middle]),
+             "W": sum(e.flops for e in ctx0.trace.events[middle:])}
+    w_labels = {e.label.rsplit(".", 1)[-1] for e in ctx0.trace.events[middle:]}
+    i_labels = {e.label.rsplit(".", 1)[-1] for e in ctx0.trace.events[first:middle]}
+    same = all(np.array_equal(p1.grad, p2.grad)
+               for p1, p2 in zip(fused.parameters(), block.parameters()))
 N = s * b  # tokens in the micro-batch
 by_hand = {"I": 24 * N * h * h + 8 * b * s * s * h, "W": 24 * N * h * h}
-print(f"one block, s = {s}, b = {b}, h = {h}: backward FLOPs I = {flops['I']}, W = "
-      f"{flops['W']}, I + W = {flops['I'] + flops['W']} = B")
+print(f"one block, s = {s}, b = {b}, h = {h}: I charged {flops['I']} FLOPs, W {flops['W']}, "
+      f"I + W = {flops['I'] + flops['W']} = B; the split gradients equal the fused ones bit "
+      f"for bit: {same}")
 print(f"by hand: I = 24·N·h² (the four linears' dX) + 8·b·s²·h (the attention core) = "
       f"{by_hand['I']}; W = 24·N·h² = {by_hand['W']}")
+print(f"W's matmuls: {sorted(w_labels)}; I's: {sorted(i_labels)}")
 
 # %% [markdown]
 # What does W need when it runs later? Each linear's input X — which the forward saved
-# anyway — and the gradient of its output dY, which I computes on its way down. Everything
+# anyway — and the gradient of its output dY, which I computes on its way down; the
+# LayerNorms' dγ and dβ ([h] each), which I reduces while it has x̂ at hand. Everything
 # else the forward saved (the LayerNorms' inputs, Q, K and V, the softmax's output, the
-# GeLU's input) is used by I alone. The forward's ledger, read entry by entry:
+# GeLU's input) is used by I alone and freed there. The forward's ledger, entry by entry,
+# and the ledger after I and after W:
 
 # %%
 linear_inputs = {k: n for k, n in held.items() if k.split("#")[0].endswith(".x")
@@ -92,14 +111,17 @@ for name, n in held.items():
 outputs = {"qkv": 3 * h, "proj": h, "fc1": 4 * h, "fc2": h}  # each linear's output width
 dy_bytes = sum(N * width * 8 for width in outputs.values())
 kept_for_w = {"inputs": sum(linear_inputs.values()), "output grads": dy_bytes,
+              "layernorms": 2 * 2 * h * 8,
               "freed at I": sum(held.values()) - sum(linear_inputs.values())}
-print(f"the forward saved {sum(held.values())} bytes; W keeps the linears' inputs "
-      f"({kept_for_w['inputs']} = 7·s·b·h·8) and their output gradients ({dy_bytes} = "
-      f"9·s·b·h·8); I can free the other {kept_for_w['freed at I']}")
+print(f"the forward saved {sum(held.values())} bytes; after I the ledger holds "
+      f"{after_i['ledger']} (W's records: {after_i['records']}), after W {after_w}")
+print(f"= the linears' inputs {kept_for_w['inputs']} (7·s·b·h·8) + their output gradients "
+      f"{dy_bytes} (9·s·b·h·8) + the LayerNorms' dγ, dβ {kept_for_w['layernorms']} (4·h·8); "
+      f"I freed {kept_for_w['freed at I']}")
 
 # %% [markdown]
 # So deferring W is not free: until it runs, a micro-batch keeps 7sbh of saved inputs
-# *and* 9sbh of output gradients alive. A pipeline counts that micro-batch as in flight
+# *and* 9sbh of output gradients alive — here nearly what the forward kept. A pipeline counts that micro-batch as in flight
 # until its W (the dry run does: +1 at F, −1 at W when the backward is split). Exercise
 # 6.1 asks you to split an MLP's backward into these two halves.
 #
@@ -313,8 +335,47 @@ for r, spans in enumerate(trap.timeline):
 
 # %% [markdown]
 # Rank r owes r + 1 W's: its last I's own W and the r it deferred, so the last stage's
-# reduction would miss the most. The rule: reduce a parameter's gradient after its *last W*, and let the
-# pipeline runner, not autograd, say when that is.
+# reduction would miss the most. The rule: reduce a parameter's gradient after its *last
+# W*, and let the pipeline runner, not autograd, say when that is. minipar's runner runs
+# its list inside the engine's `no_sync()` and calls `grads_ready()` after the whole
+# list, the last W included (a unit's `backward_post` hook fires at its W, not its I).
+# A ZB-H1 step on 2 pipeline ranks × 2 data-parallel replicas under DDP, with when each
+# rank's last I and last W end and when its data-parallel all-reduces start, read from
+# the trace; and the loss against one device's on the same batch:
+
+# %%
+dims = ParallelDims(dp_replicate=2, pp=2)
+ids6, tgt6 = (np.random.default_rng(3).integers(0, cfg.vocab_size, (s, 8)) for _ in range(2))
+
+
+def zb_program(ctx):
+    run6 = parallelize(cfg, dims, zero=0, schedule="zb_h1", microbatches=4, lr=1e-3)
+    dp = tuple(run6.groups.dp.ranks)
+    first = len(ctx.trace.events)  # the step's events only
+    loss = run6.forward_backward(ids6, tgt6)
+    step = ctx.trace.events[first:]
+    last = {k: max(e.end for e in step if e.meta.get("kind") == k) for k in ("I", "W")}
+    dp_starts = [e.start for e in step if e.stream == "comm" and e.group == dp]
+    return loss, last, dp_starts, run6.groups.coordinate
+
+
+SLOW = mp.DeviceSpec("slow", {"float64": 1e9}, 10**12)  # 1 GFLOP/s: compute > a message
+zb_run = mp.launch(zb_program, dims.world_size,
+                   topology=mp.Topology.single_node(dims.world_size, device=SLOW))
+with mp.device():
+    loss_one = GPT(cfg).loss_and_grad(ids6, tgt6)
+zb_blocks = {c[3]["dp_replicate"]: c[0] for c in zb_run}  # each dp block's mean loss
+print(f"the two dp blocks' mean loss {np.mean(list(zb_blocks.values())):.15f}; one device "
+      f"{loss_one:.15f}")
+for r, (loss6, last, starts, coord) in enumerate(zb_run):
+    print(f"rank {r} (pp {coord['pp']}, dp {coord['dp_replicate']}): last I ends "
+          f"{last['I'] * 1e3:6.3f} ms, last W {last['W'] * 1e3:6.3f} ms; {len(starts)} dp "
+          f"all-reduce(s) from {min(starts) * 1e3:6.3f} ms")
+
+# %% [markdown]
+# Every all-reduce starts after the rank's last W. (`tests/parallel/mesh/
+# test_pipeline_engines.py` builds the wrong order on purpose — the reduction at the
+# last I — and shows its gradients wrong; DDP, ZeRO-1 and ZeRO-3 all reduce at W.)
 #
 # ## 7. A design exercise: a schedule and m within two budgets
 #
@@ -324,7 +385,7 @@ for r, spans in enumerate(trap.timeline):
 # p = 4 ranks, 32 sequences a step, micro-batches of at least 2 sequences, t_F = t_I = t_W
 # (F&B = 1.5) for a rank's layers, under an activation cap counted in sequences through a
 # rank's layers (micro-batches in flight × sequences a micro-batch), graded on the dry
-# run. Two plans that miss the first puzzle (a flushed step, a 10 % bubble, 8 sequences),
+# run, and by one training step through `parallelize` that must give one device's loss. Two plans that miss the first puzzle (a flushed step, a 10 % bubble, 8 sequences),
 # measured as the grader measures them:
 
 # %%
@@ -358,7 +419,8 @@ for name, t in (("1f1b", {"F": 1, "B": 2}), ("zb_h2", UNIT)):
 # - **Exercise 6.3** (design) — `choose_zero_bubble(pp, global_batch, min_microbatch,
 #   durations, activation_cap, bubble_target, back_to_back) -> {"schedule",
 #   "microbatches", "chunks"}`: section 7's puzzle and the back-to-back one, graded by the
-#   dry run's bubble and micro-batches in flight.
+#   dry run's bubble and micro-batches in flight, and one training step of a small GPT
+#   through `parallelize` against one device's loss.
 #
 # ## Summary
 #

@@ -45,10 +45,37 @@ def test_w_keeps_the_linears_inputs_and_output_gradients(lesson):
     s, b, h, item = 8, 2, 16, 8
     sbh = s * b * h * item
     kept = lesson["kept_for_w"]
+    assert lesson["same"]  # the split gradients are the fused ones, bit for bit
+    assert lesson["after_i"]["ledger"] == lesson["after_i"]["records"] == (
+        kept["inputs"] + kept["output grads"] + kept["layernorms"])
+    assert kept["layernorms"] == 2 * 2 * h * item and lesson["after_w"] == 0
     assert kept["inputs"] == (1 + 1 + 1 + 4) * sbh  # qkv, proj, fc1 inputs h; fc2 input 4h
     assert kept["output grads"] == (3 + 1 + 4 + 1) * sbh  # qkv 3h, proj h, fc1 4h, fc2 h
     # no dropout: LayerNorms 2 sbh, Q K V 3 sbh, softmax a s^2 b, GeLU input 4 sbh
     assert kept["freed at I"] == (2 + 3 + 4) * sbh + 2 * s * s * b * item
+
+
+def test_the_libraries_split_mlp_keeps_what_exercise_6_1_allows():
+    """minipar's own split MLP: its W records hold 8·N·(2h + 2ffn) bytes, the bound the
+    grader sets, and I + W charge the fused backward's FLOPs, half each."""
+    import numpy as np
+
+    import minipar as mp
+    from minipar.nn import MLP, WeightGradStore
+
+    h, ffn, n = 3, 6, 10
+    x, dy = np.ones((n, h)), np.ones((n, h))
+    with mp.device() as ctx:
+        mlp = MLP("mlp", h, ffn)
+        _, saved = mlp.forward(x)
+        store, start = WeightGradStore(), len(ctx.trace.events)
+        mlp.backward(dy, saved, store=store)
+        i_flops = sum(e.flops for e in ctx.trace.events[start:])
+        assert store.nbytes() == ctx.ledger.held("activations") == 8 * n * (2 * h + 2 * ffn)
+        start = len(ctx.trace.events)
+        store.run()
+        assert sum(e.flops for e in ctx.trace.events[start:]) == i_flops == 4 * n * h * ffn
+        assert ctx.ledger.held("activations") == 0
 
 
 def test_zb_h1_takes_a_third_of_1f1b_at_equal_times_and_its_peak_memory(lesson):
@@ -107,6 +134,16 @@ def test_the_side_by_side_table(lesson):
 
 def test_a_rank_owes_r_plus_one_ws_after_its_last_i(lesson):
     assert lesson["owed"] == [r + 1 for r in range(P)]
+
+
+def test_the_zero_bubble_run_reduces_after_the_last_w_and_trains_like_one_device(lesson):
+    blocks = lesson["zb_blocks"]
+    assert sorted(blocks) == [0, 1]
+    assert sum(blocks.values()) / 2 == pytest.approx(lesson["loss_one"], rel=1e-12)
+    for loss, last, starts, coord in lesson["zb_run"]:
+        assert starts and min(starts) >= last["W"] >= last["I"]
+        if coord["pp"] == 1:  # the later stage defers a W past its last I
+            assert last["W"] > last["I"]
 
 
 def test_the_puzzle_is_the_graders_and_the_lessons_plans_miss_as_it_says(lesson, grader):
