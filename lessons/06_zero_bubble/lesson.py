@@ -116,21 +116,24 @@ kept_for_w = {"inputs": sum(linear_inputs.values()), "output grads": dy_bytes,
 print(f"the forward saved {sum(held.values())} bytes; after I the ledger holds "
       f"{after_i['ledger']} (W's records: {after_i['records']}), after W {after_w}")
 print(f"= the linears' inputs {kept_for_w['inputs']} (7·s·b·h·8) + their output gradients "
-      f"{dy_bytes} (9·s·b·h·8) + the LayerNorms' dγ, dβ {kept_for_w['layernorms']} (4·h·8); "
-      f"I freed {kept_for_w['freed at I']}")
+      f"{dy_bytes} (9·s·b·h·8) + the LayerNorms' dγ, dβ {kept_for_w['layernorms']} "
+      f"(4·h·8); I freed {kept_for_w['freed at I']}")
 
 # %% [markdown]
 # So deferring W is not free: until it runs, a micro-batch keeps 7sbh of saved inputs
-# *and* 9sbh of output gradients alive — here nearly what the forward kept. A pipeline counts that micro-batch as in flight
-# until its W (the dry run does: +1 at F, −1 at W when the backward is split). Exercise
-# 6.1 asks you to split an MLP's backward into these two halves.
+# *and* 9sbh of output gradients alive — here nearly what the forward kept. A pipeline
+# counts that micro-batch as in flight until its W (the dry run does: +1 at F, −1 at W
+# when the backward is split). Exercise 6.1 asks you to split an MLP's backward into
+# these two halves.
 #
 # ## 2. ZB-H1: the cool-down filled with deferred W's
 #
-# 1F1B's last ranks finish their backwards early and wait; its first ranks wait at the
-# start. ZB-H1 keeps 1F1B's order of F's and I's, and on rank r holds back r W's, to run
-# them in the cool-down where 1F1B idles. The previous stage gets its gradient after I,
-# not after a whole B, so the gradient wave runs back faster too. Rank r of `zb_h1`:
+# 1F1B idles at the ramps: a rank waits for the first forward to reach it, for the first
+# gradient to come back, and, in the cool-down, between its backwards for the gradients
+# of the ranks after it. ZB-H1 keeps 1F1B's order of F's and I's, and on rank r holds back
+# r W's, to run them in those cool-down gaps; and since the previous stage gets its
+# gradient after I, not after a whole B, the gradient wave runs back faster too. The
+# lists and their clock at p = 4, m = 6, t_F = t_I = t_W = 1:
 
 # %%
 print(format_schedule(schedule("zb_h1", p, 6)))
@@ -235,11 +238,12 @@ for name, t in (("zb_h1", UNIT), ("zb_h2", UNIT), ("zbv", HALF)):
 #
 # DualPipe itself is bidirectional: micro-batches enter the pipeline from both ends,
 # through **two copies of the model** (rank r holds stage r of one copy and stage
-# p − 1 − r of the other), so it keeps 2× the parameters and all-reduces the two copies'
-# gradients. DualPipeV, the "cut-in-half" variant, folds that into a V like ZB-V — one
-# copy, 2p stages, rank r holds r and 2p − 1 − r — with the same pairs. minipar builds the
-# V: its schedules are one chain of stages every micro-batch crosses, one copy of each
-# stage's weights (docs/zero_bubble.md says what the bidirectional one would take).
+# p − 1 − r of the other), so it keeps twice the parameters a device and sums the two
+# copies' gradients before the step. DualPipeV, the "cut-in-half" variant, folds that
+# into a V like ZB-V — one copy, 2p stages, rank r holds r and 2p − 1 − r — with the same
+# pairs. minipar builds the V: its schedules are one chain of stages every micro-batch
+# crosses, one copy of each stage's weights (docs/zero_bubble.md says what the
+# bidirectional one would take).
 
 # %%
 print(format_schedule(schedule("dualpipev", p, 8))[:400] + " ...")
@@ -260,11 +264,13 @@ print(f"m = p = {p}: {dual_refusal}")
 # %% [markdown]
 # DualPipe's README gives the bubble as (PP/2 − 1)(t_F&B + t_B − 3t_W) with PP = 2p
 # stages: the last two ranks idle exactly that; earlier ranks run more pairs and idle
-# less. Its memory is PP + 1 chunk-micro-batches on every rank (p + ½ of a rank's
-# layers). The README's 2× parameters are the bidirectional DualPipe's (its two copies);
-# DualPipeV's rank holds two stages of 1/(2p) of the model, 1/p of it, what a 1F1B rank
-# over p ranks holds. And it needs m ≥ 2p micro-batches: its steady state runs
-# m − 2p + r + 1 times on rank r.
+# less when the pair overlaps. Its memory is PP + 1 chunk-micro-batches on every rank
+# (p + ½ of a rank's layers). The README's "2× parameters" counts stages of a PP-stage
+# model: both DualPipe and DualPipeV hold two a device. What differs is the model's share:
+# the bidirectional DualPipe's PP devices each hold 2/PP of it (two copies over PP
+# devices), where 1F1B over the same PP devices holds 1/PP; DualPipeV's p = PP/2 devices
+# each hold 2/PP = 1/p, exactly what 1F1B over p devices holds. And DualPipeV needs
+# m ≥ 2p micro-batches: its steady state runs m − 2p + r + 1 times on rank r.
 #
 # ## 5. The schedules side by side on the clock
 #
@@ -331,7 +337,7 @@ for r, spans in enumerate(trap.timeline):
     owed.append(len(late))
     print(f"rank {r}: last I ends at {last_i}; {len(late)} W's run after it "
           f"({' '.join(map(str, late))}): a reduction fired at the last I misses "
-          f"{len(late)} of the {8} micro-batches' weight gradients")
+          f"{len(late)} of the m = 8 micro-batches' weight gradients")
 
 # %% [markdown]
 # Rank r owes r + 1 W's: its last I's own W and the r it deferred, so the last stage's
@@ -385,7 +391,8 @@ for r, (loss6, last, starts, coord) in enumerate(zb_run):
 # p = 4 ranks, 32 sequences a step, micro-batches of at least 2 sequences, t_F = t_I = t_W
 # (F&B = 1.5) for a rank's layers, under an activation cap counted in sequences through a
 # rank's layers (micro-batches in flight × sequences a micro-batch), graded on the dry
-# run, and by one training step through `parallelize` that must give one device's loss. Two plans that miss the first puzzle (a flushed step, a 10 % bubble, 8 sequences),
+# run, and by one training step through `parallelize` that must give one device's loss.
+# Two plans that miss the first puzzle (a flushed step, a 10 % bubble, 8 sequences),
 # measured as the grader measures them:
 
 # %%

@@ -103,8 +103,9 @@ def choose_zero_bubble(pp: int, global_batch: int, min_microbatch: int, duration
 
     durations: the times of a rank's layers on one micro-batch, "F", "I", "W" (t_B = t_I +
     t_W) and "F&B" (a forward and a backward overlapped, DualPipe's pair); only their
-    ratios matter to a bubble fraction. A schedule of v chunks a rank runs a chunk in 1/v. A micro-batch holds at
-    least min_microbatch sequences (smaller ones waste the GPU) and m divides the batch.
+    ratios matter to a bubble fraction. A schedule of v chunks a rank runs a chunk in 1/v
+    of them. A micro-batch holds at least min_microbatch sequences (smaller ones waste the
+    GPU), and m divides the batch.
     activation_cap: the most activations a rank may hold, in sequences through all of its
     layers (peak micro-batches in flight x sequences a micro-batch). bubble_target: idle
     over busy time, of a flushed step, or of back-to-back steps when back_to_back (the
