@@ -59,6 +59,15 @@ WRONG = [
           edits=[(KEPT, line("return dx, (dy, s2, du, s1, dg)  # all of the backward's tensors")),
                  (W_START, line("dy, s2, du, s1, dg = kept"))],
           hint=["bytes wait for W", "W needs", "8·N·(2h + 2ffn)", "dg, for one, is I's alone"]),
+    wrong("6.1", "misconception", "keeps the whole saved tuple, for W to release at once",
+          edits=[(line("du = gelu_backward(dg, s_act)  # du: [..., ffn]; frees u, which W "
+                       "does not need"),
+                  line("from minipar.nn import Saved")
+                  + line("du = gelu_backward(dg, Saved('gelu', x=s_act.x, approximate=mlp.gelu))")),
+                 (KEPT, line("return dx, (dy, s2, du, s1, s_act)  # W releases all three")),
+                 (W_START, line("dy, s2, du, s1, s_act = kept")),
+                 (RELEASE, RELEASE + line("s_act.release()"))],
+          hint=["bytes wait for W", "The GeLU's input u [..., ffn] is I's alone"]),
     wrong("6.1", "misconception", "W never gives the saved inputs back to the ledger",
           old=RELEASE, new=line("pass  # the gradients are computed: done"),
           hint=["after W the ledger still holds", "Saved.release"]),

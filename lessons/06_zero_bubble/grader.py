@@ -169,7 +169,7 @@ def check_split_backward(impl, h, wide, shape, s, b, seed):
         raise GradeFailure(
             f"{where}: after I, {after_i + extra} bytes wait for W ({after_i} on the ledger, "
             f"{extra} in what mlp_backward_input kept besides: arrays of shapes "
-            f"{extra_shapes}); W needs {need} = 8·N·(2h + 2ffn): fc1's input x and output "
+            f"{extra_shapes}); W needs {need} = {item}·N·(2h + 2ffn): fc1's input x and output "
             f"gradient du, fc2's input g and output gradient dy. " + (
                 "The GeLU's input u [..., ffn] is I's alone: let I release it "
                 "(gelu_backward releases its Saved)" if not u_freed else
