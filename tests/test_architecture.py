@@ -30,7 +30,8 @@ SIBLINGS = ("a parallel form never imports a sibling form: what crosses forms is
 # communication, no model). plan and viz import them by module, never the package
 # minipar.parallel.pp, which also holds the runner that communicates.
 PP_DATA = tuple(f"minipar.parallel.pp.{m}"
-                for m in ("actions", "schedules", "validate", "lowering", "dry_run"))
+                for m in ("actions", "schedules", "zero_bubble", "dualpipe", "validate",
+                          "lowering", "dry_run"))
 
 # component -> (what it may import besides itself, the rule in words). A component is a
 # package or module and everything under it, except the INIT_ONLY ones: their __init__ alone.

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+import itertools
 import math
 import os
 import string
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,78 @@ AR_16H = hier_ar(S_TP, 4, 4)
 AR_16R = ring_ar(S_TP, 16, IB_B, IB_A)
 # the tiny tensor-parallel GPT (s 12, b 2, h 16, bf16) on 4 ranks
 S_TINY_TP = 12 * 2 * 16 * 2
+# lesson 05: stages of t_F = 5, t_B = 11 ms; the 48-layer model (s 2048, b 2, h 6144) with
+# the attention core recomputed, 34 sbh bytes a layer; p = 6 stages of 8 layers, m = 10
+T_FB = 5 + 11
+SBH_PP = 2048 * 2 * 6144
+A_SEL = 34 * SBH_PP
+STAGE_8 = 8 * A_SEL
+PP_GIVEN = dict(s=2048, b=2, h=6144, a=64, layers=48)
+FIRST_1F1B = ", ".join(str(min(6 - r, 10)) for r in range(6))  # min(p - r, m)
+# one stage boundary's bf16 [s, b, h] message, and a stage of 16 layers at the bf16 peak
+S_PP = SBH_PP * 2
+C_IB = IB_A + S_PP / IB_B
+STAGE_16 = 72 * 2 * 2048 * 16 * 6144**2 * (1 + 2048 / (6 * 6144)) / PEAK
+# a layer's and the logit layer's forward + backward (6 b s h V), V = 128256
+T_LAYER = 72 * 2 * 2048 * 6144**2 * (1 + 2048 / (6 * 6144)) / PEAK
+T_HEAD = 6 * 2 * 2048 * 6144 * 128256 / PEAK
+
+# lesson 06: a layer of that model split into F, I and W at the bf16 peak
+T_F6 = (24 * 6144 + 4 * 2048) * 2 * 2048 * 6144 / PEAK
+T_I6 = (24 * 6144 + 8 * 2048) * 2 * 2048 * 6144 / PEAK
+T_W6 = 24 * 2 * 2048 * 6144**2 / PEAK
+BLOCK_6144 = 12 * 6144**2 + 13 * 6144
+ZB_T = 10 * 16 + 5 * (5 + 11 - 8)  # ZB-H1's step at p = 6, m = 10, t_F 5, t_I 7, t_W 4
+
+
+def dv_pairs(p, m, r):
+    """DualPipeV's overlapped pairs on rank r: 2(m - 2p + r + 1) in its steady step (the
+    last rank's first unpaired), p - r - 1 after it."""
+    return 2 * (m - 2 * p + r + 1) - (r == p - 1) + (p - r - 1)
+
+
+# DualPipeV at pp = 16, m = 40 with the all-to-all of q51: rank 0's compute, the bubble
+DV_BUSY0 = dv_pairs(16, 40, 0) * 9 + (80 - dv_pairs(16, 40, 0)) * (6 + 9)
+DV_BUBBLE = 15 * (9 + 9 - 3 * 2.5)
+
+
+def dv_bubble(p, m, t=2):
+    """DualPipeV at F = I = W = t, B = F&B = 2t: idle (p - 1)(F&B + B - 3W) less
+    (p - 2 - r)(F + B - F&B) on rank r; busy 2m(F + B) less each pair's F + B - F&B."""
+    idle = [(p - 1) * t - max(0, p - 2 - r) * t for r in range(p)]
+    busy = [2 * m * 3 * t - dv_pairs(p, m, r) * t for r in range(p)]
+    if len({i + b for i, b in zip(idle, busy)}) != 1:
+        raise AssertionError("every rank's busy + idle is the one makespan")
+    return sum(idle) / sum(busy)
+
+
+def flow_shop(T, m):
+    """GPipe with uneven stages, t_B = 2 t_F on each: sum T + (m - 1) max T."""
+    return sum(T) + (m - 1) * max(T)
+
+
+def even_counts(L, S):
+    q, r = divmod(L, S)
+    return [q + (i < r) for i in range(S)]
+
+
+def balanced_head_split(L=48, p=6, m=10):
+    """The last stage's count k (largest first) whose flow shop is least: (counts, step)."""
+    def stage_times(c):
+        return [n * T_LAYER + (T_HEAD if i == p - 1 else 0) for i, n in enumerate(c)]
+    tries = [even_counts(L - k, p - 1) + [k] for k in range(L // p, 0, -1)]
+    steps = [flow_shop(stage_times(c), m) for c in tries]
+    best = next(i for i, s in enumerate(steps) if s <= min(steps) * (1 + 1e-12))
+    return tries[best], stage_times(tries[best]), steps[best]
+
+
+BEST_SPLIT, BEST_T, BEST_STEP = balanced_head_split()
+EVEN_T = [8 * T_LAYER] * 5 + [8 * T_LAYER + T_HEAD]
+
+
+def least_m(p, r):
+    """The least m with m/(m + p - 1) >= r, exactly."""
+    return next(m for m in itertools.count(1) if Fraction(m, m + p - 1) >= r)
 
 EXPECTED = {
     "q01": dict(psi_b=13, n=24, gpu_gb=80, w_pp=2, g_pp=2, o_pp=12, bytes_pp=16,
@@ -249,6 +323,136 @@ EXPECTED = {
                 sim_tp_fwd=2 * 3 * S_TINY_TP // 2, sim_sp_fwd=4 * 3 * S_TINY_TP // 4,
                 sim_tp_bwd=2 * 3 * S_TINY_TP // 2,
                 sim_sp_bwd=6 * 3 * S_TINY_TP // 4 + 3 * (6 * 16 * 2) // 2),
+    # -- lesson 05 --
+    "q33": dict(p=6, m=10, t_f_ms=5, t_b_ms=11, rule=4, step_ms=(10 + 6 - 1) * T_FB,
+                busy_ms=10 * T_FB, idle_ms=(6 - 1) * T_FB, over_ideal=5 / 10,
+                over_total=5 / (10 + 5), m_rule=4 * 6, rule_share=5 / (24 + 5)),
+    "q34": dict(p=6, m=10, t_f_ms=5, t_b_ms=11, **PP_GIVEN, gpipe_ms=15 * T_FB,
+                f1b_ms=15 * T_FB, layer_mb=A_SEL / 1e6, per_stage=48 // 6,
+                stage_gb=STAGE_8 / 1e9, gpipe_peak=10, gpipe_gb=10 * STAGE_8 / 1e9,
+                f1b_peaks=FIRST_1F1B, f1b_first_gb=6 * STAGE_8 / 1e9),
+    # torch's list is Megatron's; the literal reading holds min(p - r + 1, m)
+    "q35": dict(p=6, m=10, t_f_ms=5, t_b_ms=11, **PP_GIVEN, first_f=min(10, 6),
+                literal_first_f=min(10, 6 + 1), peaks=FIRST_1F1B,
+                literal_peaks=", ".join(str(min(6 - r + 1, 10)) for r in range(6)),
+                extra_gb=STAGE_8 / 1e9, ranks_more=sum(10 > 6 - r for r in range(6)),
+                mine_ms=15 * T_FB, literal_ms=15 * T_FB),
+    # 2(S - 1)m messages for S stages; rank 0 holds 2(p - 1) + (v - 1)p + 1 chunk pairs
+    "q36": dict(p=6, m_bad=10, m=12, v=2, t_f_ms=5, t_b_ms=11, fix="6 or 12",
+                f1b_ms=(12 + 5) * T_FB, inter_ms=(12 + 5 / 2) * T_FB, f1b_bubble=5 / 12,
+                inter_bubble=5 / 24, f1b_msgs=2 * 5 * 12, inter_msgs=2 * 11 * 12,
+                msg_ratio=11 / 5, f1b_peak=6, inter_pairs=2 * 5 + 6 + 1,
+                inter_peak=(2 * 5 + 6 + 1) / 2, mem_factor=(2 * 5 + 6 + 1) / 2 / 6),
+    "q37": dict(p=64, m_seed=4, m_fix=32, mfu_seed_pct=28, mfu_fix_pct=51, mfu_stage_pct=60,
+                seed_over=63 / 4, seed_share=63 / 67, seed_bound=4 / 67, fix_over=63 / 32,
+                fix_share=63 / 95, fix_bound=32 / 95, implied_seed=0.28 * 67 / 4,
+                implied_fix=0.51 * 95 / 32, floor_m=least_m(64, Fraction(51, 100)),
+                floor_bound=66 / (66 + 63), real_m=least_m(64, Fraction(51, 60)),
+                fix_peak=min(64, 32), floor_peak=min(64, 66)),
+    # GPipe with a message cost c <= t_F: (m + p - 1)(t_F + t_B) + 2(p - 1)c
+    "q38": dict(s=2048, b=2, h=6144, layers=48, p=3, m=10, t=8, msg_mb=S_PP / 1e6,
+                ib_ms=C_IB * 1e3, nv_us=(NV_A + S_PP / NV_B) * 1e6, per_stage=16,
+                compute_ms=STAGE_16 * 1e3, pp_share=2 * C_IB / STAGE_16,
+                step0_ms=12 * STAGE_16 * 1e3, step_ms=(12 * STAGE_16 + 2 * 2 * C_IB) * 1e3,
+                extra_ms=2 * 2 * C_IB * 1e3, ars=4 * 16, tp_gb=64 * 2 * 7 / 8 * S_PP / 1e9,
+                tp_ratio=64 * 2 * 7 / 8 / 2, tp_nv_ms=64 * ring_ar(S_PP, 8, NV_B, NV_A) * 1e3,
+                tp_ib_ms=64 * ring_ar(S_PP, 8, IB_B, IB_A) * 1e3,
+                tp_compute_ms=STAGE_16 / 8 * 1e3),
+    "q39": dict(s=2048, b=2, h=6144, layers=48, vocab=128256, p=6, m=10,
+                layer_ms=T_LAYER * 1e3, head_ms=T_HEAD * 1e3, head_layers=T_HEAD / T_LAYER,
+                even="8, 8, 8, 8, 8, 8", even_last_ms=EVEN_T[-1] * 1e3,
+                even_other_ms=EVEN_T[0] * 1e3, even_step_ms=flow_shop(EVEN_T, 10) * 1e3,
+                best=", ".join(map(str, BEST_SPLIT)), best_max_ms=max(BEST_T) * 1e3,
+                best_step_ms=BEST_STEP * 1e3, speedup=flow_shop(EVEN_T, 10) / BEST_STEP),
+    # m = B/(dp b); 1F1B's rank 0 holds p micro-batches, GPipe's all B/dp sequences
+    "q40": dict(global_batch=960, dp=8, b=2, b_small=1, p=6, s=2048, h=6144, a=64, layers=48,
+                m1=960 // (8 * 2), m2=960 // 8, over1=5 / 60, over2=5 / 120,
+                share1=5 / 65, share2=5 / 125, f1b_gb1=6 * STAGE_8 / 1e9,
+                f1b_gb2=6 * STAGE_8 / 2 / 1e9, gpipe_gb=60 * STAGE_8 / 1e9,
+                msgs1=2 * 5 * 60, msgs2=2 * 5 * 120),
+    # blocking rendezvous sends: rank r < p - 1 stuck sending micro-batch p - r - 1's
+    # activations, the last rank sending micro-batch 0's gradient
+    "q41": dict(p=3, m=4, t_f_ms=5, t_b_ms=11,
+                stuck="rank 0 at 0SEND_F2; rank 1 at 1SEND_F1; rank 2 at 2SEND_B0",
+                eager_ms=(4 + 3 - 1) * T_FB, isend_ms=(4 + 3 - 1) * T_FB),
+    "q42": dict(vocab=51200, h=6144, p=6, sim_p=4, params_m=51200 * 6144 / 1e6,
+                grad_gb=51200 * 6144 * 4 / 1e9,
+                ar_ms=(2 * IB_A + 51200 * 6144 * 4 / IB_B) * 1e3, algorithm="ring",
+                copy_gb=51200 * 6144 * 16 / 1e9, sim_counts="1, 0, 0, 1",
+                sim_bytes=19 * 8 * 8),
+    "q43": dict(p=6, ms=(6, 12, 24, 48),
+                gpipe_bubbles=", ".join(f"{100 * 5 / m:.1f}%" for m in (6, 12, 24, 48)),
+                f1b_bubbles=", ".join(f"{100 * 5 / m:.1f}%" for m in (6, 12, 24, 48)),
+                gpipe_peaks="6, 12, 24, 48", f1b_peaks="6, 6, 6, 6", f1b_last="1, 1, 1, 1"),
+    # rank 0: min(p, m) micro-batches of L/p layers = L layers; interleaved
+    # (2(p - 1) + (v - 1)p + 1) chunk pairs of L/(pv) layers = L(1 + (p - 1)/(pv))
+    "q44": dict(**PP_GIVEN, m=10, ps=(2, 3, 4, 6), p_inter=6, m_inter=12, v1=4, v2=8,
+                first="2, 3, 4, 6", per_stage="24, 16, 12, 8", r0_gb=48 * A_SEL / 1e9,
+                whole_gb=48 * A_SEL / 1e9, inter1_gb=(1 + 5 / 24) * 48 * A_SEL / 1e9,
+                inter2_gb=(1 + 5 / 48) * 48 * A_SEL / 1e9, factor1=1 + 5 / 24,
+                factor2=1 + 5 / 48, last_gb=STAGE_8 / 1e9),
+    # -- lesson 06 --
+    # a block's F, I, W: (24h + 4s)bsh, (24h + 8s)bsh, 24bsh^2 (Qi et al. 2023, Table 1)
+    # W's records: x and dy of qkv, proj, fc1, fc2 (16sbh) and the LayerNorms' [h] pairs
+    "q45": dict(s=2048, b=2, h=6144, a=64, sim_s=7, sim_b=3, sim_h=10, rec_tok=16,
+                w_mb=2 * (16 * SBH_PP + 4 * 6144) / 1e6, f_mb=A_SEL / 1e6, lin=24, core_f=4,
+                core_i=8, core_w=0, fc1_gflop=8 * 2 * 2048 * 6144**2 / 1e9,
+                t_f_ms=T_F6 * 1e3, t_i_ms=T_I6 * 1e3, t_w_ms=T_W6 * 1e3,
+                w_share=24 * 6144 / (48 * 6144 + 8 * 2048)),
+    # 1F1B (p - 1)(t_F + t_B), ZB-H1 (p - 1)(t_F + t_B - 2t_W); steps m(t_F + t_B) + idle
+    "q46": dict(p=6, m=10, t_ms=3, t_f_ms=5, t_i_ms=7, t_w_ms=4, eq_f1b_idle=5 * 9,
+                eq_f1b_ms=10 * 9 + 5 * 9, eq_zb_idle=5 * 3, eq_zb_ms=10 * 9 + 5 * 3,
+                eq_ratio=1 / 3, t_b_ms=11, f1b_idle=5 * 16, zb_idle=5 * (5 + 11 - 8),
+                ratio=(5 + 11 - 8) / 16, f1b_peaks="6, 5, 4, 3, 2, 1",
+                zb_peaks="6, 6, 6, 6, 6, 6"),
+    # t_W > t_F: the formula undercounts; the clock idles (p - 1) t_F here
+    "q47": dict(p=6, m=12, t_f_ms=5, t_i_ms=4, t_w_ms=7, s=2048, h=6144, t_b_ms=11,
+                formula_ms=5 * (5 + 11 - 14), clock_ms=5 * 5, f1b_ms=5 * 16,
+                block_ratio=24 * 6144 / (24 * 6144 + 4 * 2048)),
+    # ZB-H2 at equal t: period 3mt, flushed 3mt + (p - 1)t, 2p - 1 in flight
+    "q48": dict(p=6, m=12, t_ms=9, t_f_ms=5, t_i_ms=7, t_w_ms=4, **PP_GIVEN, h2_idle=5 * 9,
+                h2_ms=3 * 12 * 9 + 5 * 9, h2_period=3 * 12 * 9, h2_steady=0.0,
+                h1_steady=5 / (3 * 12), h1_peak=6, h2_peak=11, per_stage=8,
+                stage_gb=STAGE_8 / 1e9, h1_gb=6 * STAGE_8 / 1e9, h2_gb=11 * STAGE_8 / 1e9,
+                mem_ratio=11 / 6, h1_uneven=5 * (5 + 11 - 8) / (12 * 16),
+                h2_uneven=lambda v: 0 < v < 5 * (5 + 11 - 8) / (12 * 16)),
+    # ZB-V: 2p stages of L/(2p) layers; (p - 1)t against 1F1B's (p - 1)6t; 4m(p - 1) sends
+    "q49": dict(p=6, m=14, t_ms=3, layers=48, rank0="0 and 11", last="5 and 6",
+                chunk_layers=4, v_idle=5 * 3, f1b_idle=5 * 18, v_ratio=1 / 6, v_steady=0.0,
+                v_chunks=12, v_worth=6, f1b_peak=6, v_sends=4 * 14 * 5, f1b_sends=2 * 14 * 5,
+                send_ratio=2.0),
+    # DualPipe's README: (PP/2 - 1)(F&B + B - 3W), less by (p - 2 - r)(F + B - F&B) on
+    # rank r < p - 2; PP + 1 activations; two stages of L/PP layers a device
+    "q50": dict(p=4, m=10, t_ms=3, fb_ms=7, **PP_GIVEN, pp_stages=8,
+                formula_ms=3 * (7 + 6 - 9), dv_worst=12, dv_idles=", ".join(
+                    str(12 - max(0, 4 - 2 - r) * (3 + 6 - 7)) for r in range(4)),
+                f1b_idle=7 * 9, zb_idle=7 * 3, dv_peak=9, f1b_peak=8, stage_layers=6,
+                dv_act_gb=9 * 6 * A_SEL / 1e9, f1b_act_gb=8 * 6 * A_SEL / 1e9,
+                stage_b=6 * BLOCK_6144 / 1e9, stage_gb=16 * 6 * BLOCK_6144 / 1e9,
+                two_gb=2 * 16 * 6 * BLOCK_6144 / 1e9, v_total_gb=8 * 16 * 6 * BLOCK_6144 / 1e9,
+                bi_total_gb=16 * 16 * 6 * BLOCK_6144 / 1e9),
+    # all-to-all c = t_F (1:1) in F and in I: 1F1B (m + p - 1)(F + B), ZB-H1 m(F + I + W)
+    # + (p - 1)(F + I - W); DualPipeV between rank 0's busy time and that plus the README's
+    # bubble (chunks: F 6, I 6.5, W 2.5, B 9, F&B 9)
+    "q51": dict(pp=16, m=40, t_f_ms=6, t_i_ms=7, t_w_ms=5, ratio=1, c_ms=6,
+                f1b_ms=55 * (12 + 18), zb_ms=40 * 30 + 15 * (12 + 13 - 5), free_ms=55 * 18,
+                compute_ms=40 * 18, dv_ms=lambda v: DV_BUSY0 < v <= DV_BUSY0 + DV_BUBBLE,
+                speedup=lambda v: 1650 / (DV_BUSY0 + DV_BUBBLE) <= v < 1650 / DV_BUSY0,
+                over_free=lambda v: DV_BUSY0 / 990 - 1 < v <= (DV_BUSY0 + DV_BUBBLE) / 990 - 1,
+                pairs_first=dv_pairs(16, 40, 0), pairs_last=dv_pairs(16, 40, 15), forwards=80),
+    # flushed 3mt + (p - 1)t against the period 3mt (ZB-V: (p - 1)t/2 per chunk)
+    "q52": dict(p=8, m=24, t_ms=4, h2_ms=3 * 24 * 4 + 7 * 4, h2_period=3 * 24 * 4,
+                h2_cost=7 / (3 * 24), h1_bubble=7 / (3 * 24), v_ms=3 * 24 * 4 + 7 * 2,
+                v_period=3 * 24 * 4, v_cost=7 / (2 * 3 * 24), dv_bubble=dv_bubble(8, 24)),
+    # ZB-H1's calls on rank r: r I's, then (I, W) pairs; its last I ends r t_I before rank
+    # 0's, then r + 1 W's follow; DDP's one flat all-reduce (q20), after the W's
+    # the trap: two replicas' local gradients, tens of percent apart
+    "q53": dict(p=6, m=10, t_f_ms=5, t_i_ms=7, t_w_ms=4, sim_dp=2, sim_during_i=0,
+                sim_after_i=1, calls=20, sim_err=lambda v: v > 0.1, sim_gap=lambda v: v > 0.1,
+                missing_at_m=", ".join(str(10 - (10 - r) // 2) for r in range(6)),
+                after_last_i=", ".join(str(r + 1) for r in range(6)),
+                last_i=", ".join(str(ZB_T - 4 - 7 * r) for r in range(6)),
+                last_w=", ".join(str(ZB_T - 4 - 7 * r + 4 * (r + 1)) for r in range(6))),
 }
 
 # numbers an answer may show twice because they are equal by construction
@@ -263,6 +467,17 @@ INHERENT = {
     "q30": [{"t", "sim_t"}],
     "q32": [{"t", "sim_t"}, {"tp_fwd_mb", "sp_fwd_mb", "tp_bwd_mb"},
             {"sim_tp_fwd", "sim_sp_fwd", "sim_tp_bwd"}],
+    "q34": [{"gpipe_ms", "f1b_ms"}, {"m", "gpipe_peak"}],  # the same clock; GPipe holds m
+    "q35": [{"mine_ms", "literal_ms"}, {"p", "first_f", "ranks_more"}],  # min(m, p) on rank 0
+    "q36": [{"p", "f1b_peak"}],  # 1F1B: min(p, m) = p on rank 0
+    "q37": [{"m_fix", "fix_peak"}, {"p", "floor_peak"}],  # min(p, m)
+    "q41": [{"eager_ms", "isend_ms"}],  # the send mode does not change the clock
+    "q44": [{"r0_gb", "whole_gb"}],  # the point: one micro-batch through all L layers
+    "q48": [{"p", "h1_peak"}],  # ZB-H1 holds p on every rank
+    "q49": [{"p", "v_worth", "f1b_peak"}],  # ZB-V's 2p chunks = p; 1F1B's rank 0
+    "q50": [{"pp_stages", "f1b_peak"}, {"formula_ms", "dv_worst"}],  # PP; the README holds
+    "q51": [{"t_f_ms", "c_ms"}],  # the report's 1:1
+    "q52": [{"h2_cost", "h1_bubble"}, {"h2_period", "v_period"}],  # the ramp; the same work
 }
 
 
@@ -271,11 +486,12 @@ def placeholders(fmt):
 
 
 # ---- the bank's shape ------------------------------------------------------------------
-def test_at_least_25_questions_and_4_per_lesson():
+def test_at_least_25_questions_and_4_per_lesson_12_and_8_for_pipelines():
     assert len(bank.QUESTIONS) >= 25
     per_lesson = collections.Counter(q.lesson for q in bank.QUESTIONS)
-    assert set(per_lesson) == {"00", "01", "02", "03", "04"}
+    assert set(per_lesson) == {"00", "01", "02", "03", "04", "05", "06"}
     assert all(count >= 4 for count in per_lesson.values()), per_lesson
+    assert per_lesson["05"] >= 12 and per_lesson["06"] >= 8
     ids = [q.id for q in bank.QUESTIONS]
     assert ids == [f"q{i:02d}" for i in range(1, len(ids) + 1)]
     lessons = [q.lesson for q in bank.QUESTIONS]
@@ -391,6 +607,107 @@ def test_which_collective_each_zero_stage_runs():
     assert set(z3[0]) == {"all_gather"}, "ZeRO-3's forward only gathers weights"
     assert set(z3[1]) == {"all_gather", "reduce_scatter"}
     assert "all_reduce" not in z1[1] + z2[1] + z3[1]
+
+
+def test_the_pipeline_example_data_separate_right_from_common_wrong_formulas():
+    v = VALUES
+    # t_B is not 2 t_F here, so the shortcut "3 t_F a slot" gives another step
+    q = v["q33"]
+    assert q["t_b_ms"] != 2 * q["t_f_ms"]
+    assert q["step_ms"] != pytest.approx((q["m"] + q["p"] - 1) * 3 * q["t_f_ms"])
+    assert q["over_ideal"] != pytest.approx(q["over_total"])  # two spellings, two numbers
+    # interleaving divides the bubble by v exactly, but multiplies messages by
+    # (pv - 1)/(p - 1), not v
+    q = v["q36"]
+    assert q["inter_bubble"] == pytest.approx(q["f1b_bubble"] / q["v"])
+    assert q["msg_ratio"] != pytest.approx(q["v"]) and q["mem_factor"] > 1
+    # incident B: the fix's bound is below the MFU it claims, at any stage MFU
+    q = v["q37"]
+    assert q["fix_bound"] < q["mfu_fix_pct"] / 100 < q["floor_bound"]
+    assert q["implied_fix"] > 1 and q["implied_seed"] > 1
+    # the head makes the even split's last stage the slowest, and the fix moves layers off it
+    q = v["q39"]
+    assert q["even_last_ms"] > q["best_max_ms"] > q["even_other_ms"] and q["speedup"] > 1
+    # 1F1B's first rank holds L layers' worth at every p; interleaving holds more
+    q = v["q44"]
+    assert q["r0_gb"] == pytest.approx(q["whole_gb"]) and min(q["factor1"], q["factor2"]) > 1
+
+
+def test_blocking_sends_deadlock_1f1b_only_under_rendezvous():
+    """q41: with blocking sends and rendezvous every rank is stuck in a send; with eager
+    sends, or isend under rendezvous, the same lists finish on the same clock."""
+    run = bank.send_modes_run(3, 4, 5, 11)
+    stuck = run[True, "rendezvous"]
+    assert set(stuck) == {0, 1, 2} and all("SEND" in a for a in stuck.values())
+    assert run[True, "eager"] == run[False, "rendezvous"] == pytest.approx(6 * 16e-3)
+
+
+def test_the_tied_embedding_all_reduce_runs_on_the_first_and_last_stage_only():
+    """q42: the embedding group is the first and last pipeline ranks, and nothing else."""
+    runs = bank.tied_run(4)
+    assert [count for count, _ in runs] == [1, 0, 0, 1]
+    assert {nbytes for count, nbytes in runs if count} == {19 * 8 * 8}
+
+
+def test_the_block_split_is_measured_the_same_at_another_size():
+    """q45's coefficients come from the matmuls a simulated device is charged for; at
+    another (s, b, h) they are the same, and F + I + W is the model-FLOPs count of a layer,
+    72bsh^2(1 + s/(6h)) (Narayanan et al. 2021)."""
+    part = bank.bank_06
+    for s, b, h in ((5, 2, 12), (9, 1, 6)):
+        c = part.split_coefficients(s, b, h)
+        assert c["linear"] == {"F": 24, "I": 24, "W": 24}
+        assert c["core"] == {"F": 4, "I": 8, "W": 0}
+        assert c["fc1"] == {"F": 8, "I": 8, "W": 8}
+        run = part.block_flops(s, b, h)["parts"]
+        assert sum(run.values()) == pytest.approx(72 * b * s * h**2 * (1 + s / (6 * h)))
+
+
+def test_the_zero_bubble_example_data_separate_right_from_common_wrong_formulas():
+    v = VALUES
+    # a layer's W is the shortest of the three, so ZB-H1's formula applies to it
+    q = v["q45"]
+    assert q["t_w_ms"] < q["t_f_ms"] < q["t_i_ms"]
+    # "a third of 1F1B's bubble" holds at equal times only
+    q = v["q46"]
+    assert q["eq_ratio"] == pytest.approx(1 / 3) and q["ratio"] != pytest.approx(1 / 3)
+    # t_W > t_F: the clock idles more than the formula says, still less than 1F1B
+    q = v["q47"]
+    assert q["formula_ms"] < q["clock_ms"] < q["f1b_ms"] and q["block_ratio"] < 1
+    # ZB-H2's zero is back to back at equal times, at fewer than twice ZB-H1's micro-batches
+    q = v["q48"]
+    assert q["h2_steady"] == 0 < q["h2_uneven"] < q["h1_uneven"]
+    assert q["h2_peak"] == 2 * q["p"] - 1 and 1 < q["mem_ratio"] < 2
+    # ZB-V: a sixth of 1F1B's flushed bubble, twice its messages
+    q = v["q49"]
+    assert q["v_ratio"] == pytest.approx(1 / 6) and q["send_ratio"] == 2
+    # DualPipeV: only the last two ranks idle the README's bubble
+    q = v["q50"]
+    idles = [int(x) for x in q["dv_idles"].split(", ")]
+    assert idles[-2:] == [q["formula_ms"]] * 2 and min(idles) < q["formula_ms"]
+    assert q["two_gb"] == pytest.approx(2 * q["stage_gb"])
+    # hiding the all-to-all: DualPipeV beats ZB-H1 and 1F1B, but not a free all-to-all
+    q = v["q51"]
+    assert q["free_ms"] < q["dv_ms"] < q["zb_ms"] < q["f1b_ms"]
+    # a flush costs ZB-H2 exactly ZB-H1's bubble, and ZB-V half of it
+    q = v["q52"]
+    assert q["h2_cost"] == pytest.approx(q["h1_bubble"]) == pytest.approx(2 * q["v_cost"])
+
+
+def test_a_split_backward_is_complete_only_after_its_last_w():
+    """q53 from the lists themselves: on every ZB-H1 rank the last action is a W, and at the
+    m-th backward call (I or W) some W's of the step have not run. minipar's DDP under a
+    split backward reduces after W, as many times as fused, to the same bits."""
+    run = bank.bank_06.ddp_split_run(VALUES["q53"]["sim_dp"])
+    assert run["during_i"] == 0 and run["after_i"] == run["fused"] >= 1 and run["diff"] == 0
+    assert run["trap_reduces"] == 0 and min(run["trap_err"], run["trap_gap"]) > 0.1
+    from minipar.parallel.pp import Kind, schedule
+    p, m = VALUES["q53"]["p"], VALUES["q53"]["m"]
+    for row in schedule("zb_h1", p, m):
+        assert row[-1].kind == Kind.W
+        calls = [a for a in row if a.kind in (Kind.I, Kind.W)]
+        assert len(calls) == 2 * m
+        assert sum(a.kind == Kind.W for a in calls[:m]) < m
 
 
 # ---- the command ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Interview questions on lessons 00-04, each answered with numbers minipar computes.
+"""Interview questions on lessons 00-06, each answered with numbers minipar computes.
 
     python lessons/interview/bank.py                 every question, with its answer
     python lessons/interview/bank.py --lesson 03     the questions on lesson 03
@@ -8,8 +8,10 @@
 Each entry of QUESTIONS holds the example data (`given`), the question and a short answer,
 both format strings, and `compute`, which takes the example data and returns the numbers
 the answer shows: from minipar's planning formulas (minipar.plan), its cost model
-(minipar.runtime.cost), and small runs on simulated devices (minipar.launch). Nothing in
-an answer is typed in by hand: change the example data and every number follows.
+(minipar.runtime.cost), the pipeline schedules and their dry run (minipar.parallel.pp),
+and small runs on simulated devices (minipar.launch). Nothing in an answer is typed in by
+hand: change the example data and every number follows. Lesson 06's questions live in
+bank_06.py beside this file, loaded below; the command and QUESTIONS hold them all.
 
 The example data are deliberately uneven (13B on 24 GPUs, 96 MiB over 6 ranks, s = 3000,
 b = 5, t = 4, ...) so that an answer cannot come out right by a lucky coincidence of two
@@ -21,26 +23,34 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
 import math
+import re
 import textwrap
 from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
 
 import minipar as mp
-from minipar.programs.incidents import tp_across_nodes, zero3_recompute
+from minipar.programs.incidents import pipeline_bubble, tp_across_nodes, zero3_recompute
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel import zero_engine
+from minipar.parallel.pp import (SEND_B, SEND_F, Action, Kind, PipelineRunner, ScheduleError,
+                                 build_stages, dry_run, lower, message, placement, schedule,
+                                 split_layers)
 from minipar.parallel.tp.sequence import SequenceParallelGrads
 from minipar.parallel.tp.gpt import TensorParallelGPT
 from minipar.plan import (activation_bytes_per_layer, dp_comm_elements, flat_padding,
                           model_flops, model_flops_full_recompute, model_state_bytes,
                           segments_activation_bytes, selective_recompute_extra_flops,
                           zero_figure1)
-from minipar.runtime.cost import (algbw, busbw, bytes_sent, collective_cost,
+from minipar.runtime.cost import (algbw, busbw, bytes_sent, collective_cost, p2p_time,
                                   ring_all_reduce_time)
 from minipar.runtime.device import DeviceSpec
+from minipar.runtime.errors import DeadlockError
 from minipar.runtime.reference import all_gather_ref, all_reduce_ref, reduce_scatter_ref
 from minipar.runtime.topology import Link, Topology
 
@@ -50,7 +60,8 @@ KiB, MiB = 2**10, 2**20
 US, MS = 1e-6, 1e-3
 
 LESSONS = {"00": "The memory wall", "01": "Collectives", "02": "Data parallelism",
-           "03": "ZeRO and FSDP", "04": "Tensor and sequence parallelism"}
+           "03": "ZeRO and FSDP", "04": "Tensor and sequence parallelism",
+           "05": "Pipeline parallelism", "06": "Zero-bubble pipelines and DualPipe"}
 
 
 @dataclass(frozen=True)
@@ -759,8 +770,347 @@ def q32(s, b, h, t, sim_t):
             "sim_sp_bwd": round(sp["block_backward_sent"])}
 
 
+# ---- lesson 05: pipeline parallelism --------------------------------------------------
+def pp_durations(t_f, t_b, v: int = 1) -> dict:
+    """{"F": t_F/v, "B": t_B/v}: each rank's stage cut into v chunks (exact Fractions)."""
+    if v == 1:
+        return {"F": t_f, "B": t_b}
+    return {"F": Fraction(t_f) / v, "B": Fraction(t_b) / v}
+
+
+@functools.lru_cache(maxsize=None)
+def lowered(name: str, p: int, m: int, v: int = 1) -> list:
+    """lower(schedule(...)), built once (the lists are read, never changed)."""
+    return lower(schedule(name, p, m, v))
+
+
+def pp_clock(name: str, p: int, m: int, t_f, t_b, v: int = 1, p2p=0):
+    """The dry run of schedule `name` on p ranks, m micro-batches, v chunks, equal stages."""
+    return dry_run(lowered(name, p, m, v), pp_durations(t_f, t_b, v), p2p)
+
+
+def layer_bytes(s, b, h, a) -> float:
+    """34 sbh: what one layer keeps of a micro-batch with the attention core recomputed."""
+    return activation_bytes_per_layer(s, b, h, a, recompute="selective")
+
+
+def stage_layers(layers: int, p: int) -> list[int]:
+    """The block count of each stage, as minipar splits them (split_layers)."""
+    return [hi - lo for lo, hi in split_layers(layers, p)]
+
+
+def forwards_first(row) -> int:
+    """How many forwards a rank runs before its first backward."""
+    return next(i for i, a in enumerate(row) if a.kind == Kind.B)
+
+
+def torch_1f1b(p: int, m: int) -> list:
+    """torch.distributed.pipelining's Schedule1F1B, restated: rank r runs min(m, p - r)
+    forwards ("warm-up"), then a backward and a forward alternately while forwards
+    remain, then the remaining backwards."""
+    ranks = []
+    for r in range(p):
+        warm = min(m, p - r)
+        row, f = [Action(r, Kind.F, i) for i in range(warm)], warm
+        for i in range(m):
+            row.append(Action(r, Kind.B, i))
+            if f < m:
+                row.append(Action(r, Kind.F, f))
+                f += 1
+        ranks.append(row)
+    return ranks
+
+
+def literal_p_minus_r(p: int, m: int) -> list:
+    """torch's warm-up count read into Megatron's loop: min(p - r, m) forwards, then
+    F-then-B pairs, then the cool-down (one forward more before the first backward)."""
+    ranks = []
+    for r in range(p):
+        w = min(p - r, m)
+        row = [Action(r, Kind.F, i) for i in range(w)]
+        for i in range(m - w):
+            row += [Action(r, Kind.F, w + i), Action(r, Kind.B, i)]
+        ranks.append(row + [Action(r, Kind.B, i) for i in range(m - w, m)])
+    return ranks
+
+
+def sends(lists) -> int:
+    """The messages lowered lists send in one step (activations and gradients)."""
+    return sum(a.kind in (SEND_F, SEND_B) for row in lists for a in row)
+
+
+def pct_list(values) -> str:
+    return ", ".join(f"{100 * float(x):.1f}%" for x in values)
+
+
+def int_list(values) -> str:
+    return ", ".join(str(int(x)) for x in values)
+
+
+FREE_LINK = Link("free", 1e30, 0.0)  # messages cost nothing: the clock shows compute alone
+SLOW = DeviceSpec("slow", {"float64": 1e9}, 10**12)  # 1 GFLOP/s: a FLOP count is a time
+
+
+@functools.lru_cache(maxsize=None)
+def send_modes_run(p: int, m: int, t_f_ms: float, t_b_ms: float) -> dict:
+    """1F1B's lowered lists on p simulated devices, sends blocking or isend, under
+    rendezvous and eager sends: where each rank stands when a run deadlocks, else when its
+    clock ends. Messages are free, F and B take t_f_ms and t_b_ms."""
+    lists = lowered("1f1b", p, m)
+    where = placement(lists)
+    flops = {"F": t_f_ms * MS * 1e9, "B": t_b_ms * MS * 1e9}  # at 1 GFLOP/s
+    topology = Topology(1, p, SLOW, FREE_LINK, FREE_LINK)
+    out = {}
+    for blocking, mode in ((True, "rendezvous"), (True, "eager"), (False, "rendezvous")):
+        at: dict = {}
+
+        def program(ctx, blocking=blocking, at=at):
+            pending = []
+            for a in lists[ctx.rank]:
+                at[ctx.rank] = str(a)
+                if a.is_compute:
+                    ctx.compute(flops[a.kind.value], dtype="float64")
+                elif a.kind in (SEND_F, SEND_B):
+                    msg, x = message(a, where), np.zeros(4)
+                    if blocking:
+                        mp.send(x, msg.dst, tag=msg.tag)
+                    else:
+                        pending.append(mp.isend(x, msg.dst, tag=msg.tag))
+                else:
+                    msg = message(a, where)
+                    mp.irecv(msg.src, tag=msg.tag).wait()
+            for work in pending:
+                work.wait()
+            at[ctx.rank] = "done"
+            return ctx.clock.compute
+
+        try:
+            out[blocking, mode] = max(mp.launch(program, p, topology=topology, sends=mode))
+        except DeadlockError:
+            out[blocking, mode] = dict(sorted(at.items()))
+    return out
+
+
+TINY_PP = GPTConfig(vocab_size=19, seq_len=6, hidden=8, num_heads=2, num_layers=4,
+                    tie_embeddings=True, seed=5)
+
+
+@functools.lru_cache(maxsize=None)
+def tied_run(p: int) -> list:
+    """One 1F1B step of TINY_PP (tied embeddings) on p pipeline ranks: each rank's
+    all-reduces in the step, (count, bytes)."""
+    cfg = TINY_PP
+    actions = schedule("1f1b", p, 3)
+    rng = np.random.default_rng(8)
+    ids, tgt = (rng.integers(0, cfg.vocab_size, (cfg.seq_len, 3)) for _ in range(2))  # [s, B]
+
+    def program(ctx):
+        runner = PipelineRunner(build_stages(GPT(cfg), placement(actions), ctx.rank), actions)
+        runner.step(ids, tgt)
+        reduces = [e for e in ctx.trace.events if e.stream == "comm" and e.name == "all_reduce"]
+        return len(reduces), sum(e.nbytes for e in reduces)
+
+    return list(mp.launch(program, p))
+
+
+def q33(p, m, t_f_ms, t_b_ms, rule):
+    """GPipe's step (m + p - 1)(t_F + t_B) and its bubble in both spellings, dry run."""
+    d = pp_clock("gpipe", p, m, t_f_ms, t_b_ms)
+    ruled = pp_clock("gpipe", p, rule * p, t_f_ms, t_b_ms)
+    return {"step_ms": float(d.makespan), "busy_ms": float(d.busy[0]),
+            "idle_ms": float(d.idle[0]), "over_ideal": float(d.bubble_over_ideal),
+            "over_total": float(d.bubble_over_total), "m_rule": rule * p,
+            "rule_share": float(ruled.bubble_over_total)}
+
+
+def q34(p, m, t_f_ms, t_b_ms, s, b, h, a, layers):
+    """GPipe against 1F1B: the same clock, m against min(p - r, m) micro-batches held."""
+    g, f = (pp_clock(name, p, m, t_f_ms, t_b_ms) for name in ("gpipe", "1f1b"))
+    per_stage = stage_layers(layers, p)[0]
+    stage = per_stage * layer_bytes(s, b, h, a)  # one micro-batch through a stage
+    return {"gpipe_ms": float(g.makespan), "f1b_ms": float(f.makespan),
+            "layer_mb": layer_bytes(s, b, h, a) / MB, "per_stage": per_stage,
+            "stage_gb": stage / GB, "gpipe_peak": g.peak_in_flight[0],
+            "gpipe_gb": g.peak_in_flight[0] * stage / GB, "f1b_peaks": int_list(f.peak_in_flight),
+            "f1b_first_gb": f.peak_in_flight[0] * stage / GB}
+
+
+def q35(p, m, t_f_ms, t_b_ms, s, b, h, a, layers):
+    """torch's warm-up min(m, p - r) and Megatron's min(p - r - 1, m): one list; the
+    literal reading holds one micro-batch more."""
+    mine, torch, literal = schedule("1f1b", p, m), torch_1f1b(p, m), literal_p_minus_r(p, m)
+    if torch != mine:
+        raise RuntimeError("torch's 1F1B order should be minipar's (Megatron's) list")
+    dm, dl = (dry_run(lower(x), pp_durations(t_f_ms, t_b_ms)) for x in (mine, literal))
+    stage = stage_layers(layers, p)[0] * layer_bytes(s, b, h, a)
+    return {"first_f": forwards_first(mine[0]), "literal_first_f": forwards_first(literal[0]),
+            "peaks": int_list(dm.peak_in_flight), "literal_peaks": int_list(dl.peak_in_flight),
+            "extra_gb": (dl.peak_in_flight[0] - dm.peak_in_flight[0]) * stage / GB,
+            "ranks_more": sum(x > y for x, y in zip(dl.peak_in_flight, dm.peak_in_flight)),
+            "mine_ms": float(dm.makespan), "literal_ms": float(dl.makespan)}
+
+
+def q36(p, m_bad, m, v, t_f_ms, t_b_ms):
+    """Interleaved 1F1B: the m % p rule, the bubble (p - 1)/(v m), v-fold messages, memory."""
+    try:
+        schedule("interleaved_1f1b", p, m_bad, v)
+        fix = "accepted"
+    except ScheduleError as err:
+        fix = re.search(r"use microbatches = (.+?),", str(err)).group(1)
+    one, inter = pp_clock("1f1b", p, m, t_f_ms, t_b_ms), \
+        pp_clock("interleaved_1f1b", p, m, t_f_ms, t_b_ms, v)
+    msgs = {k: sends(lowered(name, p, m, c))
+            for k, name, c in (("one", "1f1b", 1), ("inter", "interleaved_1f1b", v))}
+    return {"fix": fix, "f1b_ms": float(one.makespan), "inter_ms": float(inter.makespan),
+            "f1b_bubble": float(one.bubble_over_ideal),
+            "inter_bubble": float(inter.bubble_over_ideal),
+            "f1b_msgs": msgs["one"], "inter_msgs": msgs["inter"],
+            "msg_ratio": msgs["inter"] / msgs["one"], "f1b_peak": one.peak_in_flight[0],
+            "inter_pairs": inter.peak_in_flight[0],
+            "inter_peak": float(inter.peak_activations[0]),
+            "mem_factor": float(inter.peak_activations[0] / one.peak_activations[0])}
+
+
+def q37(p, m_seed, m_fix, mfu_seed_pct, mfu_fix_pct, mfu_stage_pct):
+    """Incident B: the dry run at p = 64 for m = 4, 32 and the least m that allows 51 %."""
+    floor = pipeline_bubble.needed_m(p, mfu_fix_pct / 100, 1.0)
+    real = pipeline_bubble.needed_m(p, mfu_fix_pct / 100, mfu_stage_pct / 100)
+    runs = {k: pp_clock("1f1b", p, mm, 1, 2) for k, mm in (("seed", m_seed), ("fix", m_fix))}
+    bound = {k: 1 - float(d.bubble_over_total) for k, d in runs.items()}
+    bound["floor"] = pipeline_bubble.formulas(p, floor)["mfu_bound"]  # a 1 s dry run spared
+    return {"seed_over": float(runs["seed"].bubble_over_ideal),
+            "seed_share": float(runs["seed"].bubble_over_total), "seed_bound": bound["seed"],
+            "fix_over": float(runs["fix"].bubble_over_ideal),
+            "fix_share": float(runs["fix"].bubble_over_total), "fix_bound": bound["fix"],
+            "implied_seed": mfu_seed_pct / 100 / bound["seed"],
+            "implied_fix": mfu_fix_pct / 100 / bound["fix"],
+            "floor_m": floor, "floor_bound": bound["floor"], "real_m": real,
+            "fix_peak": runs["fix"].peak_in_flight[0],
+            "floor_peak": pipeline_bubble.formulas(p, floor)["peak_rank0"]}
+
+
+def q38(s, b, h, layers, p, m, t):
+    """A stage boundary's two messages of [s, b, h] against the stage's compute and
+    against tensor parallelism's all-reduces over the same layers; GPipe's clock with them."""
+    S = s * b * h * 2  # bf16 [s, b, h]
+    ib = p2p_time(S, Link.infiniband_ndr())
+    nv = p2p_time(S, Link.nvlink4())
+    k = stage_layers(layers, p)[0]
+    compute = model_flops(b, s, k, h, 0) / DeviceSpec.h100_sxm().peak("bfloat16")
+    d0 = pp_clock("gpipe", p, m, compute / 3, 2 * compute / 3)
+    d1 = pp_clock("gpipe", p, m, compute / 3, 2 * compute / 3, p2p=ib)
+    ars = 4 * k  # two all-reduces forward and two backward per layer
+    tp_nv = collective_cost("all_reduce", S, range(t), Topology.single_node(t)).seconds
+    tp_ib = collective_cost("all_reduce", S, [8 * i for i in range(t)],
+                            Topology.nodes(t, 8)).seconds  # one GPU of the group per node
+    tp_bytes = ars * bytes_sent("all_reduce", "ring", S, t, me=0)
+    return {"msg_mb": S / MB, "ib_ms": ib / MS, "nv_us": nv / US, "per_stage": k,
+            "compute_ms": compute / MS, "pp_share": 2 * ib / compute,
+            "step0_ms": d0.makespan / MS, "step_ms": d1.makespan / MS,
+            "extra_ms": (d1.makespan - d0.makespan) / MS, "ars": ars,
+            "tp_gb": tp_bytes / GB, "tp_ratio": tp_bytes / (2 * S),
+            "tp_nv_ms": ars * tp_nv / MS, "tp_ib_ms": ars * tp_ib / MS,
+            "tp_compute_ms": compute / t / MS}
+
+
+def q39(s, b, h, layers, vocab, p, m):
+    """Balancing the head: GPipe's clock for the even split and for the best last stage."""
+    peak = DeviceSpec.h100_sxm().peak("bfloat16")
+    t_layer = model_flops(b, s, 1, h, 0) / peak
+    t_head = (model_flops(b, s, layers, h, vocab) - model_flops(b, s, layers, h, 0)) / peak
+
+    def step(counts):
+        T = [c * t_layer + (t_head if i == len(counts) - 1 else 0) for i, c in enumerate(counts)]
+        d = dry_run(lowered("gpipe", p, m), {"F": [x / 3 for x in T],
+                                             "B": [2 * x / 3 for x in T]})
+        return d.makespan, T
+
+    even = stage_layers(layers, p)
+    tries = [stage_layers(layers - k, p - 1) + [k] for k in range(even[-1], 0, -1)]
+    # the first minimum (to the microsecond): the fewest layers moved
+    best = min(tries, key=lambda c: round(step(c)[0] / US))
+    (even_s, even_T), (best_s, best_T) = step(even), step(best)
+    return {"layer_ms": t_layer / MS, "head_ms": t_head / MS, "head_layers": t_head / t_layer,
+            "even": int_list(even), "even_last_ms": even_T[-1] / MS,
+            "even_other_ms": even_T[0] / MS, "even_step_ms": even_s / MS,
+            "best": int_list(best), "best_max_ms": max(best_T) / MS,
+            "best_step_ms": best_s / MS, "speedup": even_s / best_s}
+
+
+def q40(global_batch, dp, b, b_small, p, s, h, a, layers):
+    """m = B/(dp · b): the bubble against the micro-batch size; 1F1B's memory against m."""
+    out = {}
+    for key, mb in (("1", b), ("2", b_small)):
+        m = global_batch // (dp * mb)
+        d = pp_clock("1f1b", p, m, 1, 2)
+        stage = stage_layers(layers, p)[0] * layer_bytes(s, mb, h, a)
+        out.update({f"m{key}": m, f"over{key}": float(d.bubble_over_ideal),
+                    f"share{key}": float(d.bubble_over_total),
+                    f"f1b_gb{key}": d.peak_in_flight[0] * stage / GB,
+                    f"msgs{key}": sends(lowered("1f1b", p, m))})
+    g = pp_clock("gpipe", p, out["m1"], 1, 2)  # all m micro-batches: B/dp sequences
+    out["gpipe_gb"] = g.peak_in_flight[0] * stage_layers(layers, p)[0] * layer_bytes(
+        s, b, h, a) / GB
+    return out
+
+
+def q41(p, m, t_f_ms, t_b_ms):
+    """Blocking sends under rendezvous deadlock 1F1B; eager sends or isend finish."""
+    run = send_modes_run(p, m, t_f_ms, t_b_ms)
+    stuck = run[True, "rendezvous"]
+    if not isinstance(stuck, dict):
+        raise RuntimeError("1F1B with blocking rendezvous sends should deadlock")
+    return {"stuck": "; ".join(f"rank {r} at {a}" for r, a in stuck.items()),
+            "eager_ms": run[True, "eager"] / MS, "isend_ms": run[False, "rendezvous"] / MS}
+
+
+def q42(vocab, h, p, sim_p):
+    """Tied embeddings: the [V, h] gradient all-reduced by the first and last stages."""
+    S = vocab * h * 4  # fp32 gradients (Megatron accumulates bf16 runs' grads in fp32)
+    topo = Topology.nodes(p, 8)  # one stage per node
+    ar = collective_cost("all_reduce", S, [0, 8 * (p - 1)], topo)
+    run = tied_run(sim_p)
+    return {"params_m": vocab * h / 1e6, "grad_gb": S / GB, "ar_ms": ar.seconds / MS,
+            "algorithm": ar.algorithm,
+            "copy_gb": model_state_bytes(vocab * h, 0, 1)["total"] / GB,
+            "sim_counts": int_list(c for c, _ in run),
+            "sim_bytes": max(nb for _, nb in run)}
+
+
+def q43(p, ms):
+    """The seed's two claims on 1F1B against the dry run of both schedules, m after m."""
+    runs = {name: [pp_clock(name, p, m, 1, 2) for m in ms] for name in ("gpipe", "1f1b")}
+    return {"gpipe_bubbles": pct_list(d.bubble_over_ideal for d in runs["gpipe"]),
+            "f1b_bubbles": pct_list(d.bubble_over_ideal for d in runs["1f1b"]),
+            "gpipe_peaks": int_list(d.peak_in_flight[0] for d in runs["gpipe"]),
+            "f1b_peaks": int_list(d.peak_in_flight[0] for d in runs["1f1b"]),
+            "f1b_last": int_list(d.peak_in_flight[-1] for d in runs["1f1b"])}
+
+
+def q44(s, b, h, a, layers, m, ps, p_inter, m_inter, v1, v2):
+    """Rank 0's activations under 1F1B for several p (always L layers of one micro-batch),
+    and under interleaving (1 + (p - 1)/(p v) times that)."""
+    per = layer_bytes(s, b, h, a)
+    first = {p: pp_clock("1f1b", p, m, 1, 2).peak_in_flight[0] for p in ps}
+    held = {first[p] * stage_layers(layers, p)[0] * per for p in ps}
+    if len(held) != 1:
+        raise RuntimeError(f"rank 0 should hold the same bytes at every p, got {held}")
+    r0 = held.pop()
+    inter = {}
+    for v in (v1, v2):
+        d = pp_clock("interleaved_1f1b", p_inter, m_inter, 1, 2, v)
+        inter[v] = d.peak_in_flight[0] * stage_layers(layers, p_inter * v)[0] * per
+    return {"first": int_list(first.values()),
+            "per_stage": int_list(stage_layers(layers, p)[0] for p in ps),
+            "r0_gb": r0 / GB, "whole_gb": layers * per / GB,
+            "inter1_gb": inter[v1] / GB, "inter2_gb": inter[v2] / GB,
+            "factor1": inter[v1] / r0, "factor2": inter[v2] / r0,
+            "last_gb": stage_layers(layers, p_inter)[0] * per / GB}
+
+
 # ---- the bank ---------------------------------------------------------------------------
 SHAPE = dict(s=3000, b=5, h=5120, a=40)  # a 13B-class layer (h 5120, 40 heads), 42 of them
+PP_MODEL = dict(s=2048, b=2, h=6144, a=64, layers=48)  # cut into p = 6 stages of 8 layers
 
 QUESTIONS: list[Question] = [
     # -- lesson 00: the memory wall --
@@ -1190,7 +1540,223 @@ QUESTIONS: list[Question] = [
         "backward {sim_tp_bwd:,} and {sim_sp_bwd:,}. Megatron overlaps the re-gather with the "
         "input-gradient matmul, so it costs less time than its bytes suggest.",
         q32),
+    # -- lesson 05: pipeline parallelism --
+    Question(
+        "q33", "05", dict(p=6, m=10, t_f_ms=5, t_b_ms=11, rule=4),
+        "GPipe runs p = {p} stages with m = {m} micro-batches; a stage's forward of one "
+        "micro-batch takes t_F = {t_f_ms} ms and its backward t_B = {t_b_ms} ms. How long is "
+        "a step, how large is the bubble, and why do two papers print different percentages "
+        "for it?",
+        "The first micro-batch needs p - 1 slots to reach the last stage and the last "
+        "backward as many to drain, so a step takes (m + p - 1)(t_F + t_B) = {step_ms:g} ms "
+        "(the dry run of GPipe's lists), of which each rank computes m(t_F + t_B) = "
+        "{busy_ms:g} ms and waits {idle_ms:g} ms. Megatron-LM (Narayanan et al. 2021) divides "
+        "the idle time by the ideal time: (p - 1)/m = {over_ideal:.1%}. GPipe (Huang et al. "
+        "2019) divides it by the whole step: (p - 1)/(m + p - 1) = {over_total:.1%}. The same "
+        "idle time over two denominators: say which one you mean. GPipe's rule of thumb, "
+        "m >= {rule}p (m = {m_rule} here), still leaves {rule_share:.1%} of the step idle.",
+        q33),
+    Question(
+        "q34", "05", dict(p=6, m=10, t_f_ms=5, t_b_ms=11, **PP_MODEL),
+        "Compare GPipe and 1F1B for p = {p}, m = {m}, t_F = {t_f_ms} ms, t_B = {t_b_ms} ms: "
+        "the step time, and the activation memory per GPU for a {layers}-layer model "
+        "(s = {s}, b = {b}, h = {h}, a = {a}, bf16, the attention core recomputed).",
+        "The step is the same, {gpipe_ms:g} ms for GPipe and {f1b_ms:g} ms for 1F1B (dry "
+        "run): 1F1B does not shrink the bubble. It changes the memory. A layer keeps 34sbh = "
+        "{layer_mb:.1f} MB of each micro-batch, a stage of {per_stage} layers {stage_gb:.2f} "
+        "GB. GPipe runs every forward before any backward, so every rank holds {gpipe_peak} "
+        "micro-batches, {gpipe_gb:.1f} GB. 1F1B runs a micro-batch's backward as soon as its "
+        "gradient arrives: rank r holds min(p - r, m), {f1b_peaks} from the first rank to the "
+        "last, {f1b_first_gb:.1f} GB on rank 0. The first stage fills up first (it holds the "
+        "embedding too), and past m = p more micro-batches cost 1F1B no memory.",
+        q34),
+    Question(
+        "q35", "05", dict(p=6, m=10, t_f_ms=5, t_b_ms=11, **PP_MODEL),
+        "torch.distributed.pipelining's 1F1B warms up with p - r forwards on rank r, "
+        "Megatron-LM's with p - r - 1. Which holds more activations, and what does the "
+        "difference cost for p = {p}, m = {m}, t_F = {t_f_ms} ms, t_B = {t_b_ms} ms and the "
+        "{layers}-layer model (s = {s}, b = {b}, h = {h}, a = {a})?",
+        "Nothing: it is the same list of actions. torch counts as warm-up the forward that "
+        "Megatron runs first in its steady 'one forward, one backward' loop; both run "
+        "{first_f} forwards on rank 0 before its first backward, hold {peaks} micro-batches "
+        "from the first rank to the last, and take {mine_ms:g} ms. The difference is in the "
+        "words. Read torch's count into Megatron's loop and you get another schedule, with "
+        "{literal_first_f} forwards before the first backward: it holds {literal_peaks}, one "
+        "micro-batch more on every rank where m > p - r ({ranks_more} of {p} here), "
+        "{extra_gb:.2f} GB more on rank 0, for a step of {literal_ms:g} ms when messages are "
+        "free (with costly ones the extra forward can hide a message, or add one).",
+        q35),
+    Question(
+        "q36", "05", dict(p=6, m_bad=10, m=12, v=2, t_f_ms=5, t_b_ms=11),
+        "Interleaved 1F1B with v = {v} model chunks per rank, p = {p}, and t_F = {t_f_ms} ms, "
+        "t_B = {t_b_ms} ms for a rank's whole share of the layers: why is m = {m_bad} "
+        "refused, and what does m = {m} gain over plain 1F1B, at what cost?",
+        "Megatron's interleaved order sends micro-batches through the chunks in groups of p, "
+        "so it needs m % p == 0: minipar refuses m = {m_bad} and proposes m = {fix} (torch "
+        "relaxes the rule; minipar keeps Megatron's). Rank r holds stages r, r + p, ..., "
+        "each 1/v of its layers, so the pipeline fills in steps of (t_F + t_B)/v: at m = {m} "
+        "the step falls from {f1b_ms:g} ms to {inter_ms:g} ms, the bubble from (p - 1)/m = "
+        "{f1b_bubble:.1%} to (p - 1)/(v m) = {inter_bubble:.1%} (dry run). The price: "
+        "{inter_msgs} messages a step instead of {f1b_msgs} ({msg_ratio:.1f}x, each the same "
+        "[s, b, h], since every chunk boundary is a hop), and more activations on rank 0: its "
+        "warm-up is 2(p - 1) + (v - 1)p chunk forwards, so it holds {inter_pairs} (chunk, "
+        "micro-batch) pairs, {inter_peak:g} micro-batches' worth against 1F1B's {f1b_peak}, "
+        "{mem_factor:.2f}x.",
+        q36),
+    Question(
+        "q37", "05", dict(p=64, m_seed=4, m_fix=32, mfu_seed_pct=28, mfu_fix_pct=51,
+                          mfu_stage_pct=60),
+        "Incident B: a pipeline of p = {p} stages with m = {m_seed} micro-batches ran at "
+        "{mfu_seed_pct}% MFU; the write-up computed the bubble as (p - 1)/m and said that "
+        "m = {m_fix} brought MFU back to {mfu_fix_pct}%. Check both claims.",
+        "The dry run of 1F1B at p = {p}, m = {m_seed}: the bubble over ideal is "
+        "{seed_over:.0%}, the write-up's figure and right as such, but it leaves a rank "
+        "computing {seed_bound:.1%} of the step ({seed_share:.1%} idle), so the step reaches "
+        "at most {seed_bound:.1%} of the MFU its stages reach alone, and {mfu_seed_pct}% "
+        "would need stages at {implied_seed:.0%} MFU. At m = {m_fix} the bubble is "
+        "{fix_over:.1%} over ideal, {fix_share:.1%} of the step; the bound is "
+        "{fix_bound:.1%}, and {mfu_fix_pct}% would need stages at {implied_fix:.0%}: it "
+        "cannot hold. {mfu_fix_pct}% needs m/(m + p - 1) >= {mfu_fix_pct}%/MFU_stage: "
+        "m >= {floor_m} even with perfect stages (bound {floor_bound:.1%}), m >= {real_m} at "
+        "a more realistic {mfu_stage_pct}%; or fewer stages, or interleaving. Memory: 1F1B's "
+        "rank 0 holds min(p, m) micro-batches, {fix_peak} at m = {m_fix} and {floor_peak} at "
+        "m = {floor_m}, where GPipe would hold {floor_m}; past m = p more micro-batches cost "
+        "only a larger global batch or a smaller micro-batch.",
+        q37),
+    Question(
+        "q38", "05", dict(s=2048, b=2, h=6144, layers=48, p=3, m=10, t=8),
+        "A stage boundary sends each micro-batch's activations [s, b, h] forward and their "
+        "gradient back. For s = {s}, b = {b}, h = {h} in bf16, {layers} layers on p = {p} "
+        "stages and m = {m}: what does that cost across nodes, and how does it compare with "
+        "tensor parallelism over t = {t} GPUs on the same layers?",
+        "One message is 2sbh bytes = {msg_mb:.1f} MB: {ib_ms:.2f} ms over InfiniBand NDR "
+        "(alpha + V/B), {nv_us:.0f} us over NVLink. A stage of {per_stage} layers computes a "
+        "micro-batch's forward and backward in {compute_ms:.1f} ms at the H100's bf16 peak, "
+        "so its two messages are {pp_share:.1%} of that, and isend overlaps them with the "
+        "next micro-batch. The dry run of GPipe with that message cost: {step_ms:.1f} ms a "
+        "step instead of {step0_ms:.1f} ms, {extra_ms:.2f} ms more, each of the p - 1 hops "
+        "paid once filling and once draining, 2(p - 1)c. Tensor parallelism over the same "
+        "layers runs {ars} all-reduces of [s, b, h] per micro-batch, sending {tp_gb:.2f} GB "
+        "per GPU ({tp_ratio:.0f}x the boundary's two messages), on the critical path between "
+        "matmuls: {tp_nv_ms:.1f} ms on NVLink, {tp_ib_ms:.1f} ms if the group spanned {t} "
+        "nodes, against {tp_compute_ms:.1f} ms of compute per GPU. So pipeline stages go "
+        "across nodes and tensor parallelism stays inside one.",
+        q38),
+    Question(
+        "q39", "05", dict(s=2048, b=2, h=6144, layers=48, vocab=128256, p=6, m=10),
+        "A {layers}-layer model (s = {s}, b = {b}, h = {h}) with a vocabulary of {vocab} is "
+        "cut into p = {p} stages of equal layer counts, m = {m}. The first stage also embeds, "
+        "the last computes the logits and the loss. Is the pipeline balanced, and what would "
+        "you change?",
+        "No. A layer's forward and backward take {layer_ms:.2f} ms at the bf16 peak; the "
+        "embedding lookup costs no FLOPs, but the logit layer's 6bshV take {head_ms:.2f} ms, "
+        "{head_layers:.2f} layers' worth. With {even} layers the last stage takes "
+        "{even_last_ms:.1f} ms a micro-batch against {even_other_ms:.1f} ms for the others, "
+        "and a pipeline runs at the pace of its slowest stage: GPipe's clock (a flow shop, "
+        "the sum of the stage times plus m - 1 times the slowest) is {even_step_ms:.0f} ms. "
+        "Moving layers off the last stage, {best} (the best such split with the fewest "
+        "layers moved), makes the slowest stage {best_max_ms:.1f} ms and the step "
+        "{best_step_ms:.0f} ms, {speedup:.3f}x faster. Megatron-LM lets one give the first "
+        "and last stages' layer counts for this. For memory it is the first stage to lighten "
+        "(it holds the embedding and, under 1F1B, p micro-batches); for time the last.",
+        q39),
+    Question(
+        "q40", "05", dict(global_batch=960, dp=8, b=2, b_small=1, p=6, s=2048, h=6144, a=64,
+                          layers=48),
+        "With dp = {dp} replicas, a global batch of {global_batch} sequences and micro-batches "
+        "of b = {b} sequences, how many micro-batches does each pipeline of p = {p} stages "
+        "run a step? What do you gain and pay by going to b = {b_small} to get more of them? "
+        "(s = {s}, h = {h}, a = {a}, {layers} layers, the attention core recomputed)",
+        "The global batch is dp · m · b, so m = {m1}: 1F1B's bubble is {over1:.2%} of ideal, "
+        "{share1:.2%} of the step. At b = {b_small}, m = {m2}: {over2:.2%} and {share2:.2%}. "
+        "1F1B's memory does not grow with m: rank 0 holds p micro-batches, {f1b_gb1:.1f} GB "
+        "at b = {b} and {f1b_gb2:.1f} GB at b = {b_small} (GPipe would hold every one of its "
+        "sequences, {gpipe_gb:.0f} GB, at either size). The price is elsewhere: the pipeline "
+        "sends twice the messages, each half as large, {msgs2} a step instead of {msgs1} "
+        "(the latency terms double), and every matmul works on half as many tokens, further from "
+        "the GPU's peak. The other ways to raise m, a larger global batch or fewer "
+        "data-parallel replicas, change the optimisation or the time per step.",
+        q40),
+    Question(
+        "q41", "05", dict(p=3, m=4, t_f_ms=5, t_b_ms=11),
+        "A pipeline's code sends each tensor with a blocking send as soon as it is computed, "
+        "and receives each just before it needs it. It passes its tests with buffered sends; "
+        "on NCCL it hangs. Why? (1F1B, p = {p}, m = {m}, t_F = {t_f_ms} ms, t_B = {t_b_ms} ms)",
+        "NCCL's send is a rendezvous: it returns only once the peer has posted the matching "
+        "receive. In 1F1B's steady state neighbours send to each other at the same moment, "
+        "rank r a micro-batch's activations to r + 1 while r + 1 sends r a gradient, and each "
+        "waits for the other's receive. Run on simulated devices with rendezvous sends, "
+        "minipar's runtime reports the deadlock, with every rank stuck: {stuck}. With eager "
+        "(buffered) sends the same program finishes, at {eager_ms:g} ms with free messages, "
+        "and so do the lowering's lists under rendezvous sends (isend posted at once, waited "
+        "only at the end), at {isend_ms:g} ms = (m + p - 1)(t_F + t_B): the send mode decides "
+        "which programs finish, not what they cost. Megatron-LM pairs the two directions in "
+        "one batched send_forward_recv_backward; torch's schedules post their sends and "
+        "receives as one batch (batch_isend_irecv).",
+        q41),
+    Question(
+        "q42", "05", dict(vocab=51200, h=6144, p=6, sim_p=4),
+        "GPT models tie the input embedding to the output layer. Under pipeline parallelism "
+        "the embedding lives on the first stage and the logits on the last. How does "
+        "training keep the two equal, and what does it cost for V = {vocab}, h = {h} and "
+        "p = {p} stages, one per node?",
+        "The last stage keeps its own copy of the word embeddings (as Megatron-LM does): "
+        "{params_m:.1f} M parameters, {copy_gb:.2f} GB of model states at 16 bytes each. "
+        "After a step's last backward the two copies' gradients are summed by an all-reduce "
+        "over the embedding group, the first and last stages' ranks only, so both copies "
+        "take the same optimizer step. The [V, h] gradient in fp32 (Megatron-LM keeps a bf16 "
+        "run's main gradients in fp32) is {grad_gb:.2f} GB; "
+        "between two nodes a {algorithm} all-reduce of two ranks (2 alpha + S/B) takes "
+        "{ar_ms:.1f} ms, once per step, after the schedule. On {sim_p} simulated pipeline "
+        "ranks with a tiny tied GPT the trace shows it: all-reduces per rank {sim_counts}, "
+        "each of the tiny [V, h] gradient, {sim_bytes:,} bytes (float64).",
+        q42),
+    Question(
+        "q43", "05", dict(p=6, ms=(6, 12, 24, 48)),
+        "Two claims one often reads about 1F1B: it 'compresses the bubble to a constant', and "
+        "it 'makes every stage hold every micro-batch's activations'. Test them with p = {p} "
+        "and m in {ms}.",
+        "Both are wrong. The dry run's bubble over ideal is {gpipe_bubbles} for GPipe and "
+        "{f1b_bubbles} for 1F1B: the same (p - 1)/m, halving as m doubles, never a constant. "
+        "Rank 0 holds {gpipe_peaks} micro-batches under GPipe (all of them) and {f1b_peaks} "
+        "under 1F1B, capped at p; the last rank holds {f1b_last}. The second claim describes "
+        "GPipe. What 1F1B buys is memory, which lets m grow until the bubble is small; the "
+        "zero-bubble schedules attack the bubble itself.",
+        q43),
+    Question(
+        "q44", "05", dict(**PP_MODEL, m=10, ps=(2, 3, 4, 6), p_inter=6, m_inter=12, v1=4,
+                          v2=8),
+        "Does pipeline parallelism reduce the first GPU's activation memory? Take the "
+        "{layers}-layer model (s = {s}, b = {b}, h = {h}, a = {a}, the attention core "
+        "recomputed) under 1F1B with m = {m} and p in {ps}; then interleave v = {v1} and "
+        "v = {v2} chunks at p = {p_inter}, m = {m_inter}.",
+        "Not below one micro-batch through the whole model. Rank 0 holds min(p, m) = {first} "
+        "micro-batches of {per_stage} layers: p · L/p = L layers, {r0_gb:.2f} GB at every p, "
+        "what one device keeps for one micro-batch ({whole_gb:.2f} GB). Only the other ranks "
+        "gain (the last holds one micro-batch of its L/p layers, {last_gb:.2f} GB at "
+        "p = {p_inter}). Interleaving makes rank 0 hold more, since its warm-up is "
+        "2(p - 1) + (v - 1)p chunk forwards: {inter1_gb:.2f} GB at v = {v1} ({factor1:.3f}x) "
+        "and {inter2_gb:.2f} GB at v = {v2} ({factor2:.3f}x), 1 + (p - 1)/(pv) (Korthikanti "
+        "et al. 2022). What divides it is tensor and sequence parallelism, recomputation, or "
+        "a smaller micro-batch.",
+        q44),
 ]
+
+
+
+
+def load_part(filename: str):
+    """A part of the bank kept in its own file beside this one (bank_06.py), loaded by path
+    so that it runs the same from `python lessons/interview/bank.py` and from the tests."""
+    path = Path(__file__).with_name(filename)
+    spec = importlib.util.spec_from_file_location(f"{__name__}_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bank_06 = load_part("bank_06.py")  # lesson 06: zero-bubble pipelines and DualPipe
+QUESTIONS += [Question(**entry) for entry in bank_06.ENTRIES]
 
 
 # ---- printing -------------------------------------------------------------------------
@@ -1211,7 +1777,7 @@ def format_entry(q: Question, show_answer: bool = True, width: int = 92) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description="Interview questions on lessons 00-04, "
+    parser = argparse.ArgumentParser(description="Interview questions on lessons 00-06, "
                                      "answered with numbers minipar computes.")
     parser.add_argument("--lesson", help="only this lesson's questions (e.g. 03)")
     parser.add_argument("--id", help="only this question (e.g. q21)")

@@ -19,8 +19,9 @@ from .mlp import MLP
 from .module import Module
 from .parameter import Parameter
 from .saved import Saved
+from .weight_grads import WeightGradStore
 
 __all__ = ["CausalSelfAttention", "Block", "BlockParts", "dense_parts", "GPTConfig",
            "Embedding", "GPT", "EmbedSaved", "ForwardCache", "HeadSaved", "ROOT",
            "block_unit", "LayerNorm", "Linear", "matmul", "MLP", "Module", "Parameter",
-           "Saved"]
+           "Saved", "WeightGradStore"]

@@ -130,8 +130,10 @@ class CausalSelfAttention(Module):
         y, s_proj = self.proj.forward(context)  # y: [s, b, h]
         return y, (s_qkv, s_core, s_proj)
 
-    def backward(self, dy: np.ndarray, saved) -> np.ndarray:
+    def backward(self, dy: np.ndarray, saved, store=None) -> np.ndarray:
+        """dx from dy [s, b, h]; with a WeightGradStore, the two linears' weight gradients
+        wait for its W (the core has no weights: its backward is all I)."""
         s_qkv, s_core, s_proj = saved
-        dcontext = self.proj.backward(dy, s_proj)
-        dqkv = core_attention_backward(dcontext, s_core)
-        return self.qkv.backward(dqkv, s_qkv)
+        dcontext = self.proj.backward(dy, s_proj, store)  # dcontext: [s, b, h]
+        dqkv = core_attention_backward(dcontext, s_core)  # dqkv: [s, b, 3h]
+        return self.qkv.backward(dqkv, s_qkv, store)

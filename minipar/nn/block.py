@@ -25,6 +25,7 @@ the recomputation above stay this file's. `dense_parts(name, cfg)` builds GPT-2'
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -36,6 +37,7 @@ from .layernorm import LayerNorm
 from .mlp import MLP
 from .module import Module
 from .saved import Saved, release_all
+from .weight_grads import WeightGradStore
 
 BLOCK_MODES = ("none", "selective", "full")  # a block's own recompute modes
 
@@ -43,7 +45,8 @@ BLOCK_MODES = ("none", "selective", "full")  # a block's own recompute modes
 @dataclass(frozen=True)
 class BlockParts:
     """A block's sub-layers, in the order the block lists their parameters. Each has
-    `parameters()` and a backward `backward(dy, saved) -> dx`; the forwards are
+    `parameters()` and a backward `backward(dy, saved) -> dx` (taking `store=` too, to run
+    split into I and W: weight_grads.py); the forwards are
 
         ln1, ln2   forward(x) -> (y, saved)
         attn       forward(x, rng, selective) -> (y, saved)   selective: recompute the core
@@ -125,16 +128,31 @@ class Block(Module):
         return x1 + m_drop, (s_ln1, s_attn, s_d1, s_ln2, s_mlp, s_d2)
 
     # ---- backward ---------------------------------------------------------------------
-    def backward(self, dy: np.ndarray, saved) -> np.ndarray:
-        """dx = block.backward(dy, saved); accumulates the parameters' gradients."""
+    def backward(self, dy: np.ndarray, saved, store: Optional[WeightGradStore] = None
+                 ) -> np.ndarray:
+        """dx = block.backward(dy, saved); accumulates the parameters' gradients, or with a
+        `store` runs I only and leaves the weights' gradients to its W (weight_grads.py;
+        "full" reruns the forward in I, and W reads the rerun's records)."""
         if self.recompute == "full":
             x, rng = saved.x, saved.replay
             saved.release()
             _, saved = self._forward(x, rng, selective=False)  # the forward, once more
         s_ln1, s_attn, s_d1, s_ln2, s_mlp, s_d2 = saved
         dm_out = dropout_backward(dy, s_d2)
-        dm_in = self.mlp.backward(dm_out, s_mlp)
-        dx1 = dy + self.ln2.backward(dm_in, s_ln2)  # residual: straight through + branch
+        dm_in = part_backward(self.mlp, dm_out, s_mlp, store)
+        dx1 = dy + part_backward(self.ln2, dm_in, s_ln2, store)  # straight through + branch
         da_out = dropout_backward(dx1, s_d1)
-        da_in = self.attn.backward(da_out, s_attn)
-        return dx1 + self.ln1.backward(da_in, s_ln1)
+        da_in = part_backward(self.attn, da_out, s_attn, store)
+        return dx1 + part_backward(self.ln1, da_in, s_ln1, store)
+
+
+def part_backward(part, dy: np.ndarray, saved, store: Optional[WeightGradStore]):
+    """part.backward(dy, saved), passing `store` when the backward is split (a stand-in
+    part, such as a mixture of experts, must then take store= too)."""
+    if store is None:
+        return part.backward(dy, saved)
+    if "store" not in inspect.signature(part.backward).parameters:
+        raise TypeError(f"{type(part).__name__}.backward(dy, saved) cannot split its backward "
+                        f"into I and W: give it a store= argument (weight_grads.py: push each "
+                        f"weight gradient's record), or run the fused backward (B, not I/W)")
+    return part.backward(dy, saved, store=store)

@@ -16,6 +16,12 @@ can own blocks lo..hi (the first stage embeds, the last computes the loss):
     dx = model.blocks_backward(dx, s_blocks, lo, hi)          dx_hi -> dx_lo
     model.embed_backward(dx, s_embed)                         dx0 -> wte, wpe gradients
 
+Each backward step also runs split (weight_grads.py): given a WeightGradStore it computes
+only I, the input gradients, and pushes the weights' gradients as records the store's W
+runs later; `backward_input(cache)` returns the whole model's store, `backward_weight(store)`
+runs it. Hooks: I fires backward_pre and, when a unit's I ends, backward_input_post; W fires
+backward_post, after the unit's gradients are complete.
+
 `forward` and `backward` are exactly these in this order, and the cache `forward` returns is
 a `ForwardCache` of the three steps' records; the `Saved` objects inside are charged to the
 ledger as activations until the backward consumes them. Nothing is hidden: read the
@@ -56,11 +62,12 @@ from .dropout import dropout_backward, dropout_forward
 from .embedding import Embedding
 from .hooks import EMBED, HEAD, ROOT, Hooks, block_unit
 from .layernorm import LayerNorm
-from .linear import Linear, linear_backward, linear_forward
+from .linear import Linear, linear_backward, linear_backward_split, linear_forward
 from .module import Module
 from .parameter import Parameter
 from .saved import Saved
 from .segments import segments_backward, segments_forward
+from .weight_grads import WeightGradStore
 
 
 @dataclass
@@ -174,6 +181,33 @@ class GPT(Module):
         dx = self.blocks_backward(dx, cache.blocks)
         self.embed_backward(dx, cache.embed)
 
+    def backward_input(self, cache: ForwardCache, dloss: float = 1.0) -> WeightGradStore:
+        """I of `backward`: every activation gradient, back to the embedding; the weights'
+        gradients wait in the returned store until backward_weight(store)."""
+        store = WeightGradStore()
+        dx = self.head_backward(cache.head, dloss, store)  # dx: [s, b, h]
+        dx = self.blocks_backward(dx, cache.blocks, store=store)
+        self.embed_backward(dx, cache.embed, store)
+        return store
+
+    def backward_weight(self, store: WeightGradStore) -> None:
+        """W: the store's records in order; each unit's gradients are then complete
+        (finish_backward, backward_post), as right after its fused backward."""
+        store.run(self.weights_done)
+
+    def weights_done(self, unit: str) -> None:
+        """`unit`'s gradients are complete: finish them, then fire its backward_post."""
+        self.finish_backward(unit)
+        self.hooks.fire("backward_post", unit)
+
+    def unit_input_done(self, unit: str, store: Optional[WeightGradStore]) -> None:
+        """The end of `unit`'s backward step: fused, its gradients are complete
+        (weights_done); split, its I is (backward_input_post) and W completes them."""
+        if store is None:
+            self.weights_done(unit)
+        else:
+            self.hooks.fire("backward_input_post", unit)
+
     def loss_and_grad(self, ids: np.ndarray, targets: np.ndarray,
                       rng: Optional[np.random.Generator] = None, loss_scale: float = 1.0
                       ) -> float:
@@ -198,17 +232,26 @@ class GPT(Module):
             self.hooks.fire("forward_post", EMBED)
         return x, EmbedSaved(s_wte, s_wpe, s_drop)
 
-    def embed_backward(self, dx: np.ndarray, saved: EmbedSaved) -> None:
+    def embed_backward(self, dx: np.ndarray, saved: EmbedSaved,
+                       store: Optional[WeightGradStore] = None) -> None:
         """Accumulate wte's and wpe's gradients from dx0; closes the root unit
-        (backward_post, the last hook of the backward)."""
+        (backward_post, the last hook of the backward). Split: one record holds dx0 and
+        both lookups' ids until W."""
         if self.root_is_split:
             self.hooks.fire("backward_pre", EMBED)
         dx = dropout_backward(dx, saved.dropout)
         dx = self.to_residual_backward(dx)  # dx: [s, b, h]
-        self.wpe.backward(dx, saved.wpe)  # positions and tokens both receive dx
-        self.wte.backward(dx, saved.wte)
-        self.finish_backward(self.embed_unit)
-        self.hooks.fire("backward_post", self.embed_unit)
+        if store is None:
+            self.embeddings_backward(dx, saved.wpe, saved.wte)
+        else:
+            store.open(self.embed_unit)
+            store.put(lambda r: self.embeddings_backward(r.dx, r.wpe, r.wte),
+                      Saved("embed.wgrad", dx=dx, wpe=saved.wpe, wte=saved.wte))
+        self.unit_input_done(self.embed_unit, store)
+
+    def embeddings_backward(self, dx: np.ndarray, s_wpe: Saved, s_wte: Saved) -> None:
+        self.wpe.backward(dx, s_wpe)  # positions and tokens both receive dx
+        self.wte.backward(dx, s_wte)
 
     # ---- step 2: blocks lo..hi ----------------------------------------------------------
     def blocks_forward(self, x: np.ndarray, rng, lo: int = 0, hi: Optional[int] = None
@@ -229,20 +272,23 @@ class GPT(Module):
         return x, saved
 
     def blocks_backward(self, dx: np.ndarray, saved: list, lo: int = 0,
-                        hi: Optional[int] = None) -> np.ndarray:
-        """dx_lo from dx_hi through blocks hi-1, ..., lo (the range blocks_forward ran)."""
+                        hi: Optional[int] = None, store: Optional[WeightGradStore] = None
+                        ) -> np.ndarray:
+        """dx_lo from dx_hi through blocks hi-1, ..., lo (the range blocks_forward ran);
+        with a `store`, I only (each block's weight gradients wait for its W)."""
         lo, hi = self._block_range(lo, hi)
         if self.cfg.recompute == "segments":
-            return segments_backward(self, dx, saved, lo, hi)
+            return segments_backward(self, dx, saved, lo, hi, store)
         if len(saved) != hi - lo:
             raise ValueError(f"blocks_backward over blocks {lo}..{hi - 1} needs the {hi - lo} "
                              f"records blocks_forward(x, rng, {lo}, {hi}) returned; got "
                              f"{len(saved)}: pass the same lo and hi to both")
         for i in reversed(range(lo, hi)):
             self.hooks.fire("backward_pre", block_unit(i))
-            dx = self.blocks[i].backward(dx, saved[i - lo])
-            self.finish_backward(block_unit(i))
-            self.hooks.fire("backward_post", block_unit(i))
+            if store is not None:
+                store.open(block_unit(i))
+            dx = self.blocks[i].backward(dx, saved[i - lo], store)  # dx: [s, b, h]
+            self.unit_input_done(block_unit(i), store)
         return dx
 
     # ---- step 3: head and loss ----------------------------------------------------------
@@ -257,16 +303,18 @@ class GPT(Module):
         self.hooks.fire("forward_post", self.head_unit)
         return float(loss), HeadSaved(s_lnf, s_head, s_ce)
 
-    def head_backward(self, saved: HeadSaved, dloss: float = 1.0) -> np.ndarray:
-        """dx_L of dloss * loss; accumulates the head's and ln_f's gradients. Opens the
-        root unit's backward (backward_pre, the first hook of the backward)."""
+    def head_backward(self, saved: HeadSaved, dloss: float = 1.0,
+                      store: Optional[WeightGradStore] = None) -> np.ndarray:
+        """dx_L of dloss * loss; accumulates the head's and ln_f's gradients (split: at the
+        store's W). Opens the root unit's backward (backward_pre, its first hook)."""
         self.hooks.fire("backward_pre", self.head_unit)
+        if store is not None:  # an unsplit root's backward ends in the embedding step
+            store.open(self.head_unit, closes=self.root_is_split)
         dlogits = self.loss_backward(dloss, saved.loss)  # dlogits: [s, b, V]
-        dx = self.logits_backward(dlogits, saved.lm_head)
-        dx = self.ln_f.backward(dx, saved.ln_f)  # dx: [s, b, h]
+        dx = self.logits_backward(dlogits, saved.lm_head, store)
+        dx = self.ln_f.backward(dx, saved.ln_f, store)  # dx: [s, b, h]
         if self.root_is_split:
-            self.finish_backward(HEAD)
-            self.hooks.fire("backward_post", HEAD)
+            self.unit_input_done(HEAD, store)
         return dx
 
     # ---- within the steps (a parallel layout overrides these) --------------------------
@@ -294,12 +342,16 @@ class GPT(Module):
             return self.lm_head.forward(x)
         return linear_forward(x, self.wte.weight.data, label="lm_head (tied)")
 
-    def logits_backward(self, dlogits: np.ndarray, saved: Saved) -> np.ndarray:
+    def logits_backward(self, dlogits: np.ndarray, saved: Saved,
+                        store: Optional[WeightGradStore] = None) -> np.ndarray:
         if self.lm_head is not None:
-            return self.lm_head.backward(dlogits, saved)
-        # tied: the head's weight gradient joins the embedding's
-        dx, dw, _ = linear_backward(dlogits, saved, self.wte.weight.data, False)
-        self.wte.weight.accumulate(dw)
+            return self.lm_head.backward(dlogits, saved, store)
+        w = self.wte.weight  # tied: the head's weight gradient joins the embedding's
+        if store is not None:
+            return linear_backward_split(dlogits, saved, w.data, False, store,
+                                         lambda dw, _: w.accumulate(dw))
+        dx, dw, _ = linear_backward(dlogits, saved, w.data, False)
+        w.accumulate(dw)
         return dx
 
     def loss_forward(self, logits: np.ndarray, targets: np.ndarray):

@@ -4,6 +4,10 @@
     forward_post(unit)   after it
     backward_pre(unit)   before `unit` runs its backward
     backward_post(unit)  after it: the unit's parameter gradients are final for this pass
+    backward_input_post(unit)  a split backward (weight_grads.py) has run the unit's I: its
+                         input gradient is out and its weights are no longer read (W
+                         reads activations and gradients only); backward_post follows at
+                         the unit's W, once its gradients are complete
     recompute_pre(unit)  before a checkpoint segment reruns `unit`'s forward in the backward
                          (its parameters must be present again)
     recompute_post(unit) after that rerun (its backward comes later in the same segment)
@@ -33,7 +37,7 @@ from __future__ import annotations
 from typing import Callable
 
 EVENTS = ("forward_pre", "forward_post", "backward_pre", "backward_post", "recompute_pre",
-          "recompute_post")
+          "recompute_post", "backward_input_post")
 ROOT = "root"  # the unit outside the blocks: forward_pre first, backward_post last
 EMBED, HEAD = "embed", "head"  # ROOT split in two (GPT.split_root), for pipeline stages
 

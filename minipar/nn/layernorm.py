@@ -15,9 +15,15 @@ Precision: computed in float32 for bf16/fp16/float32 inputs and in float64 for f
 the result is rounded to the input dtype, dgamma/dbeta to gamma's dtype.
 
 FLOPs: none charged; normalisation is not a matmul (see `matmul.py`).
+
+Split backward (weight_grads.py): with a `store`, the backward computes dx, dgamma and
+dbeta exactly as the fused one does (dgamma needs xhat, which dx needs too), frees x, and
+defers only the accumulation: the record holds dgamma and dbeta, 2h values.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 
@@ -25,6 +31,7 @@ from .matmul import compute_dtype
 from .module import Module
 from .parameter import Parameter
 from .saved import Saved
+from .weight_grads import WeightGradStore
 
 
 def _normalise(xf: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
@@ -105,14 +112,23 @@ class LayerNorm(Module):
         """y = (x - mean) / sqrt(var + eps) * gamma + beta.  x: [s, b, dim] -> y: same."""
         return layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
 
-    def backward(self, dy: np.ndarray, saved: Saved) -> np.ndarray:
+    def backward(self, dy: np.ndarray, saved: Saved,
+                 store: Optional[WeightGradStore] = None) -> np.ndarray:
         """dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma; accumulates dgamma,
-        dbeta into the parameters.  dy: [s, b, dim] -> dx: [s, b, dim]
+        dbeta into the parameters (with a `store`: at its W).  dy: [s, b, dim] -> dx: same
         """
         dx, dgamma, dbeta = layernorm_backward(dy, saved, self.weight.data, self.eps)
+        if store is None:
+            self.accumulate(dgamma, dbeta)
+        else:
+            store.put(lambda r: self.accumulate(r.dgamma, r.dbeta),
+                      Saved(f"{self.name}.wgrad", dgamma=dgamma, dbeta=dbeta))
+        return dx
+
+    def accumulate(self, dgamma: np.ndarray, dbeta: np.ndarray) -> None:
+        """The weights' gradients into the parameters (a parallel layout may hold them)."""
         self.weight.accumulate(dgamma)
         self.bias.accumulate(dbeta)
-        return dx
 
     def __repr__(self) -> str:
         return f"LayerNorm({self.name}, dim={self.dim}, eps={self.eps})"

@@ -19,12 +19,13 @@ bias and summing db are elementwise work and charge nothing.
 
 The backward is also offered in its two halves, `linear_backward_input` (dgrad) and
 `linear_backward_weight` (wgrad), because zero-bubble pipeline schedules run them at
-different times (Qi et al. 2023).
+different times (Qi et al. 2023): `linear_backward_split` runs dgrad now and defers wgrad
+to a WeightGradStore (weight_grads.py), whose record keeps x (the forward's record) and dy.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from .matmul import compute_dtype, matmul
 from .module import Module
 from .parameter import Parameter, init_normal
 from .saved import Saved
+from .weight_grads import WeightGradStore
 
 
 def linear_forward(x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None,
@@ -101,6 +103,23 @@ def linear_backward(dy: np.ndarray, saved: Saved, w: np.ndarray, has_bias: bool
     return dx, dw, db
 
 
+def linear_backward_split(dy: np.ndarray, saved: Saved, w: np.ndarray, has_bias: bool,
+                          store: WeightGradStore,
+                          accumulate: Callable[[np.ndarray, Optional[np.ndarray]], None]
+                          ) -> np.ndarray:
+    """I: dx = dy @ w now; W (store.run): accumulate(dw, db), dw = dy^T x, db = sum(dy).
+
+    The record holds dy and the forward's `saved` (x) until W; nothing else is kept.
+    dy: [..., out], w: [out, in] -> dx: [..., in]
+    """
+    dx = linear_backward_input(dy, w, saved.label)  # dx: [..., in]
+    label = saved.label or "linear"
+    store.put(lambda r: accumulate(*linear_backward_weight(r.dy, r.forward.x, has_bias,
+                                                           r.forward.label)),
+              Saved(f"{label}.wgrad", dy=dy, forward=saved))
+    return dx
+
+
 class Linear(Module):
     """y = x @ W.T + b with W: [out_features, in_features] ~ N(0, std^2), b = 0.
 
@@ -126,16 +145,25 @@ class Linear(Module):
         b = self.bias.data if self.bias is not None else None
         return linear_forward(x, self.weight.data, b, label=self.name)
 
-    def backward(self, dy: np.ndarray, saved: Saved) -> np.ndarray:
-        """dx = dy @ W; accumulates dW = dy^T x (and db = sum dy) into the parameters.
+    def backward(self, dy: np.ndarray, saved: Saved,
+                 store: Optional[WeightGradStore] = None) -> np.ndarray:
+        """dx = dy @ W; accumulates dW = dy^T x (and db = sum dy) into the parameters, or
+        with a `store` defers them to its W (linear_backward_split).
 
         dy: [..., out] -> dx: [..., in]
         """
+        if store is not None:
+            return linear_backward_split(dy, saved, self.weight.data, self.bias is not None,
+                                         store, self.accumulate)
         dx, dw, db = linear_backward(dy, saved, self.weight.data, self.bias is not None)
+        self.accumulate(dw, db)
+        return dx
+
+    def accumulate(self, dw: np.ndarray, db: Optional[np.ndarray]) -> None:
+        """W's last act: dW (and db) into the parameters' gradients."""
         self.weight.accumulate(dw)
         if self.bias is not None:
             self.bias.accumulate(db)
-        return dx
 
     def __repr__(self) -> str:
         return (f"Linear({self.name}, in={self.in_features}, out={self.out_features}, "

@@ -8,7 +8,8 @@ The dropout after the MLP belongs to the block (its 1-byte mask, sbh).
 
 Any object with `forward(x, rng) -> (y, saved)`, `backward(dy, saved) -> dx` and
 `parameters()` can stand in for this MLP in a `Block` (`dense_parts(name, cfg, mlp=...)`,
-or `GPT(cfg, mlp_factory=...)`): that is where a mixture of experts plugs in.
+or `GPT(cfg, mlp_factory=...)`): that is where a mixture of experts plugs in. To run under
+a split backward (weight_grads.py) its backward also takes `store=`.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ class MLP(Module):
         y, s2 = self.fc2.forward(g)  # y: [s, b, h]
         return y, (s1, s_act, s2)
 
-    def backward(self, dy: np.ndarray, saved) -> np.ndarray:
+    def backward(self, dy: np.ndarray, saved, store=None) -> np.ndarray:
+        """dx from dy [s, b, h]; with a WeightGradStore, fc1's and fc2's weight gradients
+        wait for its W (GeLU has none)."""
         s1, s_act, s2 = saved
-        dg = self.fc2.backward(dy, s2)  # dg: [s, b, ffn]
+        dg = self.fc2.backward(dy, s2, store)  # dg: [s, b, ffn]
         du = gelu_backward(dg, s_act)
-        return self.fc1.backward(du, s1)  # dx: [s, b, h]
+        return self.fc1.backward(du, s1, store)  # dx: [s, b, h]

@@ -50,10 +50,13 @@ class Parameter:
         return int(self.data.size)
 
     def accumulate(self, g: np.ndarray) -> None:
-        """grad += g (the first call allocates the gradient in the parameter's dtype)."""
-        if g.shape != self.data.shape:
+        """grad += g (the first call allocates the gradient in the parameter's dtype).
+        The shape is checked against the gradient once it exists: a ZeRO-3 unit's weights
+        may be sharded away (size 0) while a split backward's W accumulates into it."""
+        shape = self.grad.shape if self.grad is not None else self.data.shape
+        if g.shape != shape:
             raise ValueError(f"gradient for {self.name} has shape {g.shape}, "
-                             f"expected the parameter's shape {self.data.shape}")
+                             f"expected the parameter's shape {shape}")
         if self.grad is None:
             self.grad = np.array(g, dtype=self.data.dtype, copy=True)
             if self._ledger is not None:

@@ -71,9 +71,11 @@ def segments_forward(model, x: np.ndarray, rng, lo: int, hi: int
     return x, saved
 
 
-def segments_backward(model, dx: np.ndarray, saved: list, lo: int, hi: int) -> np.ndarray:
+def segments_backward(model, dx: np.ndarray, saved: list, lo: int, hi: int,
+                      store=None) -> np.ndarray:
     """dx_lo from dx_hi: segment by segment, the last first, rerun its blocks' forwards
-    from the kept input, then backpropagate through them (accumulating the gradients)."""
+    from the kept input, then backpropagate through them (accumulating the gradients; with
+    a WeightGradStore, I only: W reads the rerun's records later)."""
     ranges = segment_ranges(lo, hi, model.cfg.recompute_segment)
     _check_records(saved, ranges, lo, hi)
     for (a, b), kept in zip(reversed(ranges), reversed(saved)):
@@ -89,9 +91,10 @@ def segments_backward(model, dx: np.ndarray, saved: list, lo: int, hi: int) -> n
         for i in reversed(range(a, b)):
             if i != b - 1:
                 model.hooks.fire("backward_pre", block_unit(i))
-            dx = model.blocks[i].backward(dx, inner[i - a])  # dx: [s, b, h] ([s/t, b, h])
-            model.finish_backward(block_unit(i))
-            model.hooks.fire("backward_post", block_unit(i))
+            if store is not None:
+                store.open(block_unit(i))
+            dx = model.blocks[i].backward(dx, inner[i - a], store)  # dx: [s, b, h] ([s/t, b, h])
+            model.unit_input_done(block_unit(i), store)
     return dx
 
 

@@ -7,10 +7,13 @@ imports nothing model-related, so it draws any program the runtime executed:
     to_chrome_trace(result, "step.json")          # open in https://ui.perfetto.dev
     print(render_timeline(result.events(), 4))     # one row per rank in the terminal
     print(summarize(result.events(), 4))           # compute / comm / overlap / idle
+    print(render_pipeline(dry_run(...)))            # a pipeline schedule: F B I W & per rank
 """
 
 from .chrome import STREAM_TIDS, to_chrome_trace
+from .pipeline import action_letter, dry_run_events, render_pipeline
 from .timeline import COLLECTIVE_LETTERS, RankTimes, measure, render_timeline, summarize
 
 __all__ = ["to_chrome_trace", "STREAM_TIDS", "render_timeline", "summarize", "measure",
-           "RankTimes", "COLLECTIVE_LETTERS"]
+           "RankTimes", "COLLECTIVE_LETTERS", "render_pipeline", "dry_run_events",
+           "action_letter"]

@@ -5,6 +5,7 @@
     ref = kit.reference_run(cfg, batches, max_grad_norm=0.05)  # one device, whole batch
     run = kit.parallel_run(lambda m: zero_engine(m, stage=2, **kit.OPT), cfg, batches, 4)
     kit.assert_state_close(run.state, ref.state)
+    split = kit.split_backward(schedule("1f1b", 4, 8), defer=True)  # every W at the end
 
 `reference_run` trains one GPT on the whole global batch (AdamW + clip_grad_norm_ in
 float64; MixedPrecisionOptimizer(AdamW) in bfloat16) and returns its losses, gradients
@@ -20,12 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from hypothesis import assume, strategies as st
 
 import minipar as mp
 from minipar.data.batches import split_data_parallel, split_microbatches
 from minipar.nn import GPT, GPTConfig
 from minipar.optim import AdamW, MixedPrecisionOptimizer, clip_grad_norm_
 from minipar.parallel import accumulate_gradients
+from minipar.parallel.pp import (SCHEDULES, Action, Kind, ScheduleError, schedule,
+                                 validate_schedule)
 
 OPT = dict(lr=1e-2, weight_decay=0.1)  # AdamW hyperparameters every test uses
 
@@ -167,6 +171,73 @@ def assert_state_close_by_kind(actual: dict, expected: dict) -> None:
                                    err_msg=k)
 
 
+def split_backward(actions, defer: bool = False):
+    """A schedule with the backward split: each B becomes I then W at once, or (defer) I
+    in B's place and every W at the end of its rank's list, in the I's order. Both are
+    valid (validate_schedule); the zero-bubble generators place W in between."""
+    out = []
+    for row in actions:
+        head, tail = [], []
+        for a in row:
+            if a.kind is Kind.B:
+                head.append(Action(a.stage, Kind.I, a.microbatch))
+                (tail if defer else head).append(Action(a.stage, Kind.W, a.microbatch))
+            else:
+                head.append(a)
+        out.append(head + tail)
+    assert validate_schedule(out).split_backward
+    return out
+
+
+def v_shape(p: int, m: int, defer: bool):
+    """A V-shaped split schedule written here (GPipe's order on 2p stages): stage s on rank
+    s for s < p, else on rank 2p - 1 - s, so rank 0 holds the first and the last stage
+    (ZBV's and DualPipeV's placement, not s mod p). Each rank runs its first leg's
+    forwards, its second leg's, then the second leg's I (and W), the first leg's."""
+    out = []
+    for r in range(p):
+        first, second = r, 2 * p - 1 - r
+        row = [Action(first, Kind.F, i) for i in range(m)]
+        row += [Action(second, Kind.F, i) for i in range(m)]
+        for s in (second, first):
+            row += [Action(s, Kind.B, i) for i in range(m)]
+        out.append(row)
+    return split_backward(out, defer)
+
+
+# the zero-bubble generators, once main has them (written beside this work): the split
+# tests draw them too, and until then the schedules split_backward derives
+ZERO_BUBBLE = tuple(n for n in ("zb_h1", "zb_h2", "zbv", "dualpipev") if n in SCHEDULES)
+
+
+def draw_split_schedule(data, max_pp: int = 4):
+    """A drawn schedule whose backward is split: a zero-bubble generator's, v_shape's, or
+    GPipe, 1F1B or interleaved 1F1B (1 or 2 chunks) with split_backward (W at once or all
+    deferred).
+    Returns (actions, a description for hypothesis' events)."""
+    name = data.draw(st.sampled_from(("1f1b", "gpipe", "interleaved_1f1b", "v")
+                                     + ZERO_BUBBLE), "schedule")
+    p = data.draw(st.integers(1, max_pp), "pp")
+    if name == "v":
+        m, defer = data.draw(st.integers(1, 8), "micro-batches"), data.draw(st.booleans())
+        return v_shape(p, m, defer), f"v p={p} {'W at the end' if defer else 'I W at once'}"
+    if name in ZERO_BUBBLE:  # their own chunks and constraints: what they refuse is skipped
+        least = 2 * p if name == "dualpipev" else 1  # DualPipeV needs m >= 2p
+        m = data.draw(st.integers(least, max(8, least)), "micro-batches")
+        try:
+            return schedule(name, p, m), f"{name} p={p} m={m}"
+        except ScheduleError:
+            assume(False)
+    if name == "interleaved_1f1b":  # Megatron's grouping: m a multiple of p
+        v = data.draw(st.integers(1, 2), "chunks")
+        m = p * data.draw(st.integers(1, max(1, 8 // p)), "micro-batches / pp")
+    else:
+        v, m = 1, data.draw(st.integers(1, 8), "micro-batches")
+    defer = data.draw(st.booleans(), "every W deferred to the end")
+    return (split_backward(schedule(name, p, m, v), defer),
+            f"{name} p={p} v={v} {'W at the end' if defer else 'I W at once'}")
+
+
 @pytest.fixture(scope="session")
 def dpkit():
     return types.SimpleNamespace(
@@ -175,4 +246,5 @@ def dpkit():
         global_batches=global_batches, reference_run=reference_run,
         parallel_run=parallel_run, assert_close=assert_close,
         assert_state_close=assert_state_close, assert_state_equal=assert_state_equal,
-        assert_state_close_by_kind=assert_state_close_by_kind)
+        assert_state_close_by_kind=assert_state_close_by_kind, split_backward=split_backward,
+        v_shape=v_shape, draw_split_schedule=draw_split_schedule)

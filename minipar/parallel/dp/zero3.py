@@ -9,6 +9,9 @@ each use a unit's weights are all-gathered and freed again:
     forward_post(u):  free w_u                               (reshard_after_forward)
     backward_pre(u):  w_u = all_gather(w_u shard) again      its backward needs them too
     backward_post(u): s = reduce_scatter(g_u, "avg")[r]; free w_u and g_u
+    backward_input_post(u): a split backward's I is done (nn/weight_grads.py): free w_u, as
+                      W reads no weight; W accumulates into g_u, still whole, and
+                      backward_post reduces it after W, when it is complete
     recompute_pre(u): w_u = all_gather(w_u shard)           checkpoint segments only: a
                       segment's backward reruns its blocks' forwards first, so its k
                       blocks are whole together until each one's backward_post
@@ -127,7 +130,8 @@ class Zero3Engine(ZeroEngine):
     def _hooks(self) -> dict:
         return {"forward_pre": self._forward_pre, "forward_post": self._forward_post,
                 "backward_pre": self._backward_pre, "backward_post": self._backward_post,
-                "recompute_pre": self._recompute_pre}
+                "recompute_pre": self._recompute_pre,
+                "backward_input_post": self._backward_input_post}
 
     # ---- the weights: a shard, gathered around each use ----------------------------------------
     def _place_parameters(self, u: UnitState) -> None:
@@ -200,6 +204,12 @@ class Zero3Engine(ZeroEngine):
     def _backward_post(self, unit: str) -> None:
         super()._backward_post(unit)  # reduce-scatter (and, at the root, finish them all)
         self._reshard(self.state[unit])
+
+    def _backward_input_post(self, unit: str) -> None:
+        """A split backward's I of `unit` is done: W needs its gradient buffer, not its
+        weights (the root stays whole until its backward_post, as ever)."""
+        if unit != ROOT:
+            self._reshard(self.state[unit])
 
     # ---- around the step: the shards are the weights ----------------------------------------
     def _before_step(self) -> None:

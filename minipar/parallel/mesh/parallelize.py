@@ -96,7 +96,8 @@ class Parallelized:
                 raise ValueError(f"this run's pipeline schedule runs m = {m} micro-batches "
                                  f"a step (parallelize(..., microbatches={m})); got "
                                  f"micro_batches={micro_batches}: leave it out")
-            return broadcast_loss(self.runner.step(ids, targets), self.groups.pp)
+            return broadcast_loss(self.runner.step(ids, targets), self.groups.pp,
+                                  self.runner.loss_rank)
         x, y = self.local_batch(ids, targets)  # x, y: [s, B/dp]
         return accumulate_gradients(self.model, self.engine,
                                     split_microbatches(x, y, micro_batches or 1), no_sync)
@@ -198,7 +199,7 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
                 sharding_strategy: Optional[ShardingStrategy] = None,
                 sequence_parallel: bool = False, optimizer_cls: type = AdamW,
                 max_grad_norm: Optional[float] = None,
-                groups: Optional[ParallelGroups] = None, schedule: Optional[str] = None,
+                groups: Optional[ParallelGroups] = None, schedule: Union[str, list, None] = None,
                 microbatches: Optional[int] = None, chunks: int = 1,
                 layers: Optional[Sequence[int]] = None, **kwargs: Any) -> Parallelized:
     """This rank's model, engine and groups for training `cfg` on the layout `dims` (call it
@@ -206,7 +207,8 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
     the data-parallel engine (default: DDP); kwargs are the optimizer's hyperparameters
     (lr, weight_decay, ...) and the engine's knobs. A pipeline (dims.pp > 1, or a schedule
     at pp = 1): schedule "gpipe", "1f1b" (default) or "interleaved_1f1b" with `chunks`
-    stages per rank, `microbatches` m a step, `layers` blocks per stage (default: even,
+    stages per rank (or the compute schedule itself, one list of actions per pp rank),
+    `microbatches` m a step, `layers` blocks per stage (default: even,
     the remainder on the first stages)."""
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"parallelize builds the model itself, split over the mesh: pass the "

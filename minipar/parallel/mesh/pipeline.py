@@ -6,20 +6,25 @@
 
 What crosses forms, answered here (neither pp nor dp knows the other):
 
-    which stages a rank holds      pipeline rank = its pp coordinate; stage s on rank s mod p
+    which stages a rank holds      pipeline rank = its pp coordinate; the stages the
+                                   schedule's placement gives it (s mod p for the 1F1B
+                                   family; V-shaped schedules place two stages otherwise)
     which block of each            the m global micro-batches [s, B/m] are cut first, then
     micro-batch it runs            block d of dp of each (groups.batch_shard): the masks are
                                    those of one device running the m micro-batches in order
     what the engine wraps          RankStages: the units of this rank's stages only
     when gradients are reduced     once per step: the runner runs its whole list inside
                                    engine.no_sync() and calls engine.finish_grad_sync() after
-                                   the last backward and the tied-embedding all-reduce
+                                   the last backward (a split schedule's last W: the
+                                   gradients are complete only then) and the tied-embedding
+                                   all-reduce
                                    (Megatron's no_sync_func and finalize_model_grads_func)
     over which ranks the norm      the model-parallel group tp x pp; a parameter replicated
     is summed, counting what once  over tp on tp rank 0, a tied wte's last-stage copy on
                                    the first stage's rank only (Megatron's
                                    param_is_not_shared)
-    which loss a rank reports      the last stage's, broadcast over the pp group (Megatron-LM
+    which loss a rank reports      the last stage's, broadcast over the pp group from the
+                                   rank the schedule places it on (Megatron-LM
                                    logs it on the last stage; every rank gets it here, so a
                                    loop reads the loss the same way on every layout): the
                                    mean over the m micro-batches of this dp block
@@ -32,14 +37,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
 from ...runtime.collectives import all_reduce, broadcast
 from ...runtime.group import ProcessGroup
 from ..dp import LocalState, ModelParallelNorm, ShardingStrategy
-from ..pp import PipelineRunner, RankStages, build_stages, placement, schedule
+from ..pp import (PipelineRunner, RankStages, build_stages, placement, schedule,
+                  validate_schedule)
 from ..pp.actions import Schedule
 from .groups import ParallelGroups
 
@@ -49,10 +55,18 @@ _TRANSIENT = (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP,
               ShardingStrategy.HYBRID_SHARD)
 
 
-def pipeline_schedule(pp: int, name: Optional[str], microbatches: Optional[int],
+def pipeline_schedule(pp: int, name: Union[str, Schedule, None], microbatches: Optional[int],
                       chunks: int) -> Optional[Schedule]:
     """The compute schedule of every pipeline rank, or None when no pipeline is asked for
-    (pp = 1 and neither a schedule nor micro-batches given)."""
+    (pp = 1 and neither a schedule nor micro-batches given). `name` may be the schedule
+    itself, one list of compute actions per pipeline rank (validated here)."""
+    if isinstance(name, (list, tuple)):
+        info = validate_schedule(name)
+        if len(name) != pp or microbatches not in (None, info.microbatches):
+            raise ValueError(f"the schedule given has {len(name)} ranks' lists and "
+                             f"{info.microbatches} micro-batches, but pp = {pp} and "
+                             f"microbatches={microbatches}: give matching sizes")
+        return [list(row) for row in name]
     if pp == 1 and name is None and microbatches is None and chunks == 1:
         return None
     if microbatches is None:
@@ -104,12 +118,15 @@ def build_runner(stages: RankStages, actions: Schedule, groups: ParallelGroups,
                           batch_shard=groups.batch_shard)
 
 
-def broadcast_loss(loss: Optional[float], group: ProcessGroup) -> float:
-    """The last pipeline rank's loss on every rank of the pp group (8 bytes)."""
+def broadcast_loss(loss: Optional[float], group: ProcessGroup, src: Optional[int] = None
+                   ) -> float:
+    """The loss of pipeline rank `src` (the one holding the last stage: the runner's
+    loss_rank; default the last) on every rank of the pp group (8 bytes)."""
     if group.size == 1:
         return float(loss)
     x = np.array([np.nan if loss is None else loss], dtype=np.float64)
-    return float(broadcast(x, src=group.ranks[-1], group=group)[0])
+    src = group.size - 1 if src is None else src
+    return float(broadcast(x, src=group.ranks[src], group=group)[0])
 
 
 class NoParameters:

@@ -11,10 +11,16 @@ side by side): the stage index, the kind, the micro-batch index, with nothing be
     3RECV_F0   stage 3 receives them: the input of 3F0
     3SEND_B0   stage 3 sends the gradient of its input for micro-batch 0 to stage 2
     2RECV_B0   stage 2 receives it: the output gradient 2B0 (or 2I0) starts from
+    (0F7;7B3)OVERLAP_F_B   one overlapped pair (DualPipe): stage 0's forward of micro-batch
+               7 and stage 7's backward of micro-batch 3 run at once, each one's
+               communication hidden behind the other's compute; torch's spelling
 
 A schedule is one ordered list of actions per pipeline rank, `list[list[Action]]`; the
-compute actions (F, B, I, W) are what a schedule generator writes, and the four
-communication kinds are added by one lowering step (lowering.py), never by hand.
+compute actions (F, B, I, W, and OverlapFB pairs of an F and a B or I) are what a
+schedule generator writes, and the four communication kinds are added by one lowering
+step (lowering.py), never by hand. An Action stays the 3-tuple (stage, kind, micro-batch);
+a pair is its own 2-tuple (forward, backward) of Actions, and `parts(a)` gives the Actions
+any compute item stands for, so code that counts or checks actions reads through pairs.
 """
 
 from __future__ import annotations
@@ -104,7 +110,55 @@ def _checked(stage, kind, microbatch) -> Kind:
                             f"got {kind!r}") from None
 
 
-Schedule = list[list[Action]]  # one ordered list of actions per pipeline rank
+OVERLAP_F_B = "OVERLAP_F_B"  # torch's name of the pair's kind (_ComputationType.OVERLAP_F_B)
+_PAIR = re.compile(r"\((\S+?);(\S+?)\)" + OVERLAP_F_B)
+
+
+class OverlapFB(namedtuple("OverlapFB", "forward backward")):
+    """An overlapped forward-and-backward pair on one rank (DeepSeek-V3's DualPipe): the F
+    of one chunk and the B (or I) of another run together, as one item of the rank's list,
+    for one duration t_F&B <= t_F + t_B. str() is torch's: `(0F7;7B3)OVERLAP_F_B`."""
+
+    __slots__ = ()
+    kind = OVERLAP_F_B
+    is_compute, is_communication = True, False
+
+    def __new__(cls, forward: Action, backward: Action) -> "OverlapFB":
+        if not (isinstance(forward, Action) and forward.kind == Kind.F and
+                isinstance(backward, Action) and backward.kind in (Kind.B, Kind.I)):
+            raise ScheduleError(f"an overlapped pair is (a forward, a backward): OverlapFB("
+                                f"Action(s, F, i), Action(t, B or I, j)), got "
+                                f"({forward!r}, {backward!r})")
+        if (forward.stage, forward.microbatch) == (backward.stage, backward.microbatch):
+            raise ScheduleError(f"({forward};{backward}) pairs a backward with its own "
+                                f"forward, which it must wait for: pair it with another "
+                                f"stage's or micro-batch's forward")
+        return super().__new__(cls, forward, backward)
+
+    def __str__(self) -> str:
+        return f"({self.forward};{self.backward}){OVERLAP_F_B}"
+
+    def __repr__(self) -> str:
+        return f"OverlapFB({str(self)!r})"
+
+
+Item = Union[Action, OverlapFB]
+
+
+def parts(a: Item) -> tuple:
+    """The Actions a list item stands for: (a,) for an Action, (F, B) for a pair."""
+    return (a.forward, a.backward) if isinstance(a, OverlapFB) else (a,)
+
+
+def parse_action(text: str) -> Item:
+    """An Action (`2F0`, `3RECV_B1`) or an overlapped pair (`(0F7;7B3)OVERLAP_F_B`)."""
+    match = _PAIR.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        return Action.parse(text)
+    return OverlapFB(Action.parse(match.group(1)), Action.parse(match.group(2)))
+
+
+Schedule = list[list[Item]]  # one ordered list of actions per pipeline rank
 
 
 def parse_schedule(text: Union[str, Iterable[str]]) -> Schedule:
@@ -118,7 +172,7 @@ def parse_schedule(text: Union[str, Iterable[str]]) -> Schedule:
     for line in lines:
         body = re.sub(r"^\s*rank\s+\d+\s*:", "", line).strip()
         if body or re.match(r"^\s*rank\s+\d+\s*:", line):
-            ranks.append([Action.parse(word) for word in body.split()])
+            ranks.append([parse_action(word) for word in body.split()])
     return ranks
 
 
@@ -130,21 +184,25 @@ def format_schedule(actions: Schedule) -> str:
 def placement(actions: Schedule) -> dict[int, int]:
     """stage -> the rank whose list runs its compute actions (stages in order).
 
-    Raises ScheduleError if one stage's compute actions are on two ranks."""
+    Raises ScheduleError if one stage's compute actions are on two ranks (a pair's two
+    actions both count: its stages live on its rank)."""
     where: dict[int, tuple[int, Action]] = {}
     for rank, row in enumerate(actions):
         if not isinstance(row, (list, tuple)):
             raise ScheduleError(f"rank {rank}'s actions are {row!r}: give a list of Actions "
                                 f"(parse_schedule reads them from text)")
-        for a in row:
-            if not isinstance(a, Action):
-                raise ScheduleError(f"rank {rank}: {a!r} is not an Action; build one with "
+        for item in row:
+            if not isinstance(item, (Action, OverlapFB)):
+                raise ScheduleError(f"rank {rank}: {item!r} is not an Action; build one with "
                                     f"Action(stage, kind, microbatch) or Action.parse('2F0')")
-            if not a.is_compute:
-                continue
-            seen = where.setdefault(a.stage, (rank, a))
-            if seen[0] != rank:
-                raise ScheduleError(
-                    f"rank {rank}: {a} puts stage {a.stage} on rank {rank}, but rank "
-                    f"{seen[0]} already runs {seen[1]}: every stage lives on one rank")
+            for a in parts(item) if item.is_compute else ():
+                _place(where, rank, a)
     return {s: where[s][0] for s in sorted(where)}
+
+
+def _place(where: dict, rank: int, a: Action) -> None:
+    seen = where.setdefault(a.stage, (rank, a))
+    if seen[0] != rank:
+        raise ScheduleError(
+            f"rank {rank}: {a} puts stage {a.stage} on rank {rank}, but rank "
+            f"{seen[0]} already runs {seen[1]}: every stage lives on one rank")

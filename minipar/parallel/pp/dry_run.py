@@ -3,6 +3,11 @@
 Each rank runs its list in order on two streams, as the runtime's clock does (p2p.py):
 
     F, B, I, W   compute:  start = now,  now += duration[kind][stage]
+    (F; B) pair  compute:  start = now,  now += duration["F&B"][stage of its F]: DualPipe's
+                 t_F&B, the time of the two overlapped chunks; the communication each
+                 hides behind the other's compute (the experts' all-to-all, on a run's
+                 comm stream) is inside that time, and the pair's p2p messages are
+                 sends on the p2p stream like any other
     SEND         isend:    start = max(now, p2p),  arrives = start + p2p_cost,  p2p = arrives
     RECV         wait:     now = max(now, arrival of the matching SEND)
     end of list  the rank waits for its sends:  finish = max(now, p2p)
@@ -19,8 +24,18 @@ The first is the papers' "bubble fraction" (GPipe, Megatron-LM: bubble time over
 time); the second is the share of the step a rank stands idle, so a pipelined step reaches
 at most (1 - bubble_over_total) of the utilisation its stages reach alone.
 
+    start_r       = when rank r's first compute action starts
+    steady_period = max over ranks of (finish_r - start_r)
+    steady_bubble_over_ideal = (p·steady_period - sum busy) / sum busy
+The steady figures are those of back-to-back steps with no flush between them: when no
+optimizer synchronisation waits for every rank (the zero-bubble paper's "post-validation",
+Qi et al. 2023 section 4), rank r starts step n + 1 as soon as it ends step n, every rank
+shifted by the same period, which keeps every dependency. ZB-H2's and ZB-V's
+parallelograms reach 0 there; a flushed step still pays their ramp (bubble_over_ideal).
+
 In flight: the micro-batches whose activations a rank holds, +1 at sF i, -1 at sB i (at sW
-i when the backward is split: W still reads the saved inputs). peak_in_flight counts
+i when that backward is split: W still reads the saved inputs); a pair counts its F before
+its B releases, since both run at once. peak_in_flight counts
 (stage, micro-batch) pairs; peak_activations divides by the rank's stage count, in units
 of one micro-batch through all of the rank's layers (v chunks each hold 1/v of them).
 
@@ -37,12 +52,13 @@ from fractions import Fraction
 from numbers import Real
 from typing import Callable, Mapping, NamedTuple, Sequence, Union
 
-from .actions import (B, F, I, RECV_B, RECV_F, SEND_B, SEND_F, W, Action, Schedule,
-                      ScheduleError)
+from .actions import (B, F, RECV_B, RECV_F, SEND_B, SEND_F, W, Action, OverlapFB, Schedule,
+                      ScheduleError, parts)
 from .lowering import Message, message
 from .validate import ScheduleDeadlockError, ScheduleInfo, validate_schedule
 
 Durations = Mapping[str, Union[Real, Sequence[Real]]]  # "F" -> seconds, or one per stage
+PAIR = "F&B"  # the durations key of an overlapped pair (DualPipe's README writes t_F&B)
 
 
 class Span(NamedTuple):
@@ -67,6 +83,9 @@ class DryRun:
     peak_activations: tuple  # per rank: peak_in_flight / stages on the rank (Fraction)
     timeline: tuple          # per rank: tuple of Span, in list order
     info: ScheduleInfo
+    start: tuple = ()        # per rank: when its first compute action starts
+    steady_period: Real = 0  # max over ranks of finish - start: back-to-back steps
+    steady_bubble_over_ideal: Real = 0  # (p · steady_period - sum busy) / sum busy
 
 
 def _ratio(a: Real, b: Real) -> Real:
@@ -81,18 +100,24 @@ def _table(durations: Durations, kinds: set, S: int) -> dict:
         raise ScheduleError(f"durations is a mapping like {{'F': 1.0, 'B': 2.0}}, got "
                             f"{durations!r}")
     table = {}
-    for kind in sorted(kinds, key=lambda k: k.value):
-        value = durations.get(kind.value, durations.get(kind))
+    for kind in sorted(kinds, key=lambda k: getattr(k, "value", k)):
+        name = getattr(kind, "value", kind)
+        value = durations.get(name, durations.get(kind))
+        if value is None and kind == PAIR:
+            raise ScheduleError(f"durations has no {PAIR!r} but the schedule runs overlapped "
+                                f"pairs: give t_F&B, the seconds of one overlapped forward and "
+                                f"backward (t_F + t_B if nothing overlaps), or one per stage "
+                                f"of the pair's forward")
         if value is None:
-            raise ScheduleError(f"durations has no {kind.value!r} but the schedule runs "
-                                f"{kind.value} actions: give seconds, or one per stage")
+            raise ScheduleError(f"durations has no {name!r} but the schedule runs "
+                                f"{name} actions: give seconds, or one per stage")
         per_stage = list(value) if isinstance(value, (list, tuple)) else [value] * S
         if len(per_stage) != S:
-            raise ScheduleError(f"durations[{kind.value!r}] has {len(per_stage)} values; "
+            raise ScheduleError(f"durations[{name!r}] has {len(per_stage)} values; "
                                 f"the schedule has {S} stages: give one per stage or one number")
         for t in per_stage:
             if not isinstance(t, Real) or isinstance(t, bool) or t < 0:
-                raise ScheduleError(f"durations[{kind.value!r}] holds {t!r}: a duration is "
+                raise ScheduleError(f"durations[{name!r}] holds {t!r}: a duration is "
                                     f"a number of seconds >= 0")
         table[kind] = per_stage
     return table
@@ -107,14 +132,18 @@ def _messages(lowered: Schedule, info: ScheduleInfo) -> tuple[dict, list]:
     for r, row in enumerate(lowered):
         seen: set[Action] = set()  # what this rank has run so far
         table.append([None] * len(row))
-        for pos, a in enumerate(row):
-            if a.is_communication:
-                table[r][pos] = _check_end(a, r, pos, where, seen, found, info.split_backward)
-            elif a.kind == F and a.stage > 0 and where[a.stage - 1] != r:
-                _need(seen, Action(a.stage, RECV_F, a.microbatch), a, r, pos)
-            elif a.kind in (B, I) and a.stage + 1 < info.stages and where[a.stage + 1] != r:
-                _need(seen, Action(a.stage, RECV_B, a.microbatch), a, r, pos)
-            seen.add(a)
+        for pos, item in enumerate(row):
+            if item.is_communication:
+                table[r][pos] = _check_end(item, r, pos, where, seen, found, info)
+                seen.add(item)
+                continue
+            for a in parts(item):
+                if a.kind == F and a.stage > 0 and where[a.stage - 1] != r:
+                    _need(seen, Action(a.stage, RECV_F, a.microbatch), a, r, pos)
+                elif a.kind != F and a.kind != W and a.stage + 1 < info.stages and \
+                        where[a.stage + 1] != r:
+                    _need(seen, Action(a.stage, RECV_B, a.microbatch), a, r, pos)
+            seen.update(parts(item))
     for msg, (send, recv) in found.items():
         if send is None:
             raise ScheduleError(f"rank {recv[0]}: {msg.recv} waits for {msg.send}, which "
@@ -124,7 +153,7 @@ def _messages(lowered: Schedule, info: ScheduleInfo) -> tuple[dict, list]:
 
 
 def _check_end(a: Action, r: int, pos: int, where: dict, seen: set, found: dict,
-               split: bool) -> Message:
+               info: ScheduleInfo) -> Message:
     """One SEND or RECV: on its stage's rank, a peer on another rank, once, after its source."""
     if where[a.stage] != r:
         raise ScheduleError(f"rank {r}: {a} acts for stage {a.stage}, which lives on rank "
@@ -141,7 +170,8 @@ def _check_end(a: Action, r: int, pos: int, where: dict, seen: set, found: dict,
                             f"{pos}): one message each")
     ends[side] = (r, pos)
     if side == 0:
-        source = Action(a.stage, F if a.kind == SEND_F else I if split else B, a.microbatch)
+        source = Action(a.stage, F, a.microbatch) if a.kind == SEND_F else \
+            info.input_grad(a.stage, a.microbatch)
         if source not in seen:
             raise ScheduleError(f"rank {r}: {a} (position {pos}) sends what {source} makes, "
                                 f"but {source} has not run before it on rank {r}")
@@ -197,8 +227,8 @@ def dry_run(lowered: Schedule, durations: Durations,
     (its src and dst ranks name the link, its kind activations or gradients)."""
     info = validate_schedule(lowered)
     msgs = check_deadlock(lowered, info)
-    table = _table(durations, {a.kind for row in lowered for a in row if a.is_compute},
-                   info.stages)
+    table = _table(durations, {PAIR if isinstance(a, OverlapFB) else a.kind
+                               for row in lowered for a in row if a.is_compute}, info.stages)
     cost = p2p if callable(p2p) else (lambda a: p2p)
     if not callable(p2p) and (not isinstance(p2p, Real) or isinstance(p2p, bool) or p2p < 0):
         raise ScheduleError(f"p2p is the seconds one message takes (a number >= 0, or a "
@@ -212,7 +242,8 @@ def dry_run(lowered: Schedule, durations: Durations,
             while at[r] < len(row):
                 a, msg = row[at[r]], msgs[r][at[r]]
                 if msg is None:  # compute
-                    t = table[a.kind][a.stage]
+                    t = table[PAIR][a.forward.stage] if isinstance(a, OverlapFB) else \
+                        table[a.kind][a.stage]
                     spans[r].append(Span(a, now[r], now[r] + t))
                     now[r] += t
                     busy[r] += t
@@ -232,22 +263,27 @@ def dry_run(lowered: Schedule, durations: Durations,
     makespan = max(finish)
     idle = tuple(makespan - b for b in busy)
     peak = peak_in_flight(lowered)
+    start = tuple(next(s.start for s in row if s.action.is_compute) for row in spans)
+    period = max(f - s for f, s in zip(finish, start))
     return DryRun(makespan, tuple(busy), idle, finish,
                   _ratio(sum(idle), sum(busy)), _ratio(sum(idle), P * makespan),
                   tuple(peak),
                   tuple(Fraction(peak[r], len(info.stages_of(r))) for r in range(P)),
-                  tuple(tuple(s) for s in spans), info)
+                  tuple(tuple(s) for s in spans), info, start, period,
+                  _ratio(P * period - sum(busy), sum(busy)))
 
 
 def peak_in_flight(actions: Schedule) -> list[int]:
-    """Per rank, the most (stage, micro-batch) pairs with F done and B (or W) not yet."""
-    split = any(a.kind in (I, W) for row in actions for a in row)
-    release = W if split else B
+    """Per rank, the most (stage, micro-batch) pairs with F done and B (or W) not yet: a
+    full backward B releases its activations, a split one at its W (I still leaves them
+    to W). A pair's F is counted before its B releases."""
     peaks = []
     for row in actions:
         held = peak = 0
-        for a in row:
-            held += (a.kind == F) - (a.kind == release)
-            peak = max(peak, held)
+        for item in row:
+            for a in parts(item):
+                held += a.kind == F
+                peak = max(peak, held)
+            held -= sum(a.kind == B or a.kind == W for a in parts(item))
         peaks.append(peak)
     return peaks

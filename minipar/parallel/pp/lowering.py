@@ -9,7 +9,11 @@ For each compute action of rank r, with stage s on r and micro-batch i:
                   SEND_B s i just after    if stage s - 1 is on another rank (the gradient
                                            of s's input)
     sW i          nothing: weight gradients stay on the rank
-Two stages on one rank (interleaving with p = 1) pass the tensor in memory, with no message.
+    (sF i; tB j)  a pair: both receives just before it (RECV_F of its F, then RECV_B of
+                  its B), both sends just after (SEND_F, then SEND_B), as DualPipe's
+                  _forward_backward_chunk posts them around the overlapped compute
+Two stages on one rank (interleaving with p = 1, or the turn of a V: stages p - 1 and p on
+the last rank) pass the tensor in memory, with no message.
 
 The runner's contract, the order that cannot deadlock under rendezvous sends:
     SEND   isend: never blocks; its Work is waited only once the rank's list has ended
@@ -18,7 +22,8 @@ Proof. Every RECV sits just before the action that consumes it and every SEND ju
 the one that produces it, so the lowered lists' dependency graph (each rank's order, plus
 send -> recv) is the compute graph with each cross-rank edge split in two. Splitting edges
 keeps a graph acyclic, and validate_schedule has shown the compute graph acyclic (it ran
-the lists to the end). isend never blocks, so a rank can stop only at a RECV, whose SEND
+the lists to the end). An overlapped pair is one node of that graph (the validator runs it
+as one item), its receives just before it and its sends just after, so the same holds. isend never blocks, so a rank can stop only at a RECV, whose SEND
 follows a finished action by induction along a topological order, or at its final waits,
 which end once every rank has posted every RECV, which every rank does as it reaches the
 end of its list. No rank waits forever. (dry_run.py checks this on any lowered lists.)
@@ -36,7 +41,7 @@ from __future__ import annotations
 from typing import Mapping, NamedTuple
 
 from .actions import (B, F, I, RECV_B, RECV_F, SEND_B, SEND_F, Action, Kind, Schedule,
-                      ScheduleError)
+                      ScheduleError, parts)
 from .validate import validate_schedule
 
 
@@ -54,22 +59,21 @@ def lower(actions: Schedule) -> Schedule:
     lowered = []
     for r, row in enumerate(actions):
         out = []
-        for a in row:
-            s, i = a.stage, a.microbatch
-            if a.kind == F:
-                if s > 0 and where[s - 1] != r:
-                    out.append(Action(s, RECV_F, i))
-                out.append(a)
-                if s + 1 < S and where[s + 1] != r:
-                    out.append(Action(s, SEND_F, i))
-            elif a.kind in (B, I):
-                if s + 1 < S and where[s + 1] != r:
-                    out.append(Action(s, RECV_B, i))
-                out.append(a)
-                if s > 0 and where[s - 1] != r:
-                    out.append(Action(s, SEND_B, i))
-            else:
-                out.append(a)
+        for item in row:
+            recvs, sends = [], []
+            for a in parts(item):
+                s, i = a.stage, a.microbatch
+                if a.kind == F:
+                    if s > 0 and where[s - 1] != r:
+                        recvs.append(Action(s, RECV_F, i))
+                    if s + 1 < S and where[s + 1] != r:
+                        sends.append(Action(s, SEND_F, i))
+                elif a.kind in (B, I):
+                    if s + 1 < S and where[s + 1] != r:
+                        recvs.append(Action(s, RECV_B, i))
+                    if s > 0 and where[s - 1] != r:
+                        sends.append(Action(s, SEND_B, i))
+            out += recvs + [item] + sends
         lowered.append(out)
     return lowered
 

@@ -13,11 +13,22 @@ Each rank runs its own list of lower(actions) in order (lowering.py's contract):
     B  (sB i)        stage s's backward of micro-batch i from the RECV'd gradient (the last
                      stage from the loss scaled by 1/m, so the accumulated gradient is the
                      gradient of the mean loss over the m micro-batches)
+    I  (sI i)        the backward split (zero-bubble schedules): B's input gradient only,
+                     what SEND_B carries to the previous stage; the weights' gradients
+                     wait in the stage's WeightGradStore for micro-batch i
+    W  (sW i)        those weight gradients, accumulated: only after a parameter's last W
+                     is its gradient complete
+    (sF i; tB j)     an overlapped pair (DualPipe): its forward, then its backward (B or
+                     I), on the one compute stream. The arithmetic is the pair's; the
+                     overlap is not simulated here (DualPipe hides each half's
+                     communication, the experts' all-to-all, behind the other's compute,
+                     and this model has no all-to-all): the dry run's t_F&B models it
     SEND_F, SEND_B   isend to the peer stage's rank; every send is waited at the end
                      of the list
 
 Before anything communicates, `check_deadlock` (dry_run.py) proves the lists finish. After
-the last backward, with tied embeddings on two ranks, the first and last stages' copies of
+the last backward (the last W of a split schedule: every gradient is complete only once
+the whole list has run), with tied embeddings on two ranks, the first and last stages' copies of
 wte's gradient are summed over the embedding group (Megatron-LM's `_allreduce_embedding_
 grads` over its embedding group: the first and last pipeline ranks), so both copies take
 the same optimizer step. Then `grads_ready()` is called: the place where a data-parallel
@@ -33,12 +44,13 @@ is cut into the m global micro-batches first, and this rank runs block d of dp o
 and the model slices its masks to its block (TensorParallelGPT's batch_shard), so the
 masks are those of one device running the m global micro-batches in order.
 
-Records. Every F and B appears in this rank's trace as one "compute" event drawn around
-the kernels it ran (name "F" or "B", label "2F0", meta: stage, kind, micro-batch, the
-ledger's activation bytes after it); its flops are 0, so FLOP counts, which sum the
-kernels, stay right (a sum of compute durations must pick one of the two: kernels or
+Records. Every F, B, I and W appears in this rank's trace as one "compute" event drawn
+around the kernels it ran (name "F", "B", "I" or "W", label "2F0", meta: stage, kind,
+micro-batch, the ledger's activation bytes after it); its flops are 0, so FLOP counts,
+which sum the kernels, stay right (a sum of compute durations must pick one of the two: kernels or
 actions). The ledger holds each in-flight micro-batch's activations: its
-forward's `Saved` records, charged at F and released at B. `last_step` holds the times.
+forward's `Saved` records, charged at F and released at B; split, what only I reads is
+released at I, and W's records (nn/weight_grads.py) at W. `last_step` holds the times.
 Dropout masks are the single device's (stage.py's DropoutStream).
 """
 
@@ -56,7 +68,8 @@ from ...runtime.context import current
 from ...runtime.group import ProcessGroup
 from ...runtime.p2p import irecv, isend
 from ...runtime.trace import Event
-from .actions import B, F, RECV_B, RECV_F, SEND_B, SEND_F, Schedule, ScheduleError
+from .actions import (B, F, RECV_B, RECV_F, SEND_B, SEND_F, W, OverlapFB, Schedule,
+                      ScheduleError, parts)
 from .dry_run import check_deadlock
 from .lowering import lower
 from .stage import DropoutStream, PipelineStage
@@ -97,9 +110,6 @@ class PipelineRunner:
         lowered = actions if any(a.is_communication for row in actions for a in row) \
             else lower(actions)
         self.info = validate_schedule(lowered)
-        if self.info.split_backward:
-            raise ScheduleError("this runner runs F and B; the split backward (I, W) comes "
-                                "with the zero-bubble schedules: use B")
         self._messages = check_deadlock(lowered, self.info)[self.pp_rank]  # no hang, first
         self.actions = lowered[self.pp_rank]
         self.stages = {st.index: st for st in stages}
@@ -137,6 +147,12 @@ class PipelineRunner:
             return None
         ranks = [self.group.ranks[where[0]], self.group.ranks[where[S - 1]]]
         return new_group(ranks, f"embedding/{self.group.name}")
+
+    @property
+    def loss_rank(self) -> int:
+        """The pipeline rank holding the last stage, whose step() returns the loss (the
+        last rank for the 1F1B family; rank 0 in a V)."""
+        return self.info.placement[self.info.stages - 1]
 
     def parameters(self) -> list:
         """This rank's parameters, each once (stage order): what its optimizer steps."""
@@ -186,38 +202,52 @@ class PipelineRunner:
 
     def _run(self, micro: list, streams: dict, losses: dict, pending: list) -> None:
         """This rank's lowered list, action by action (the module docstring's table)."""
-        m = self.info.microbatches
         inputs: dict = {}    # (stage, i) -> its input activations [s, b, h]
         grads: dict = {}     # (stage, i) -> the gradient of its output [s, b, h]
         outgoing: dict = {}  # (stage, i, kind) -> the tensor a SEND moves
-        for a, msg in zip(self.actions, self._messages):
-            key = (a.stage, a.microbatch)
-            if a.kind is RECV_F or a.kind is RECV_B:
-                x = irecv(self.group.ranks[msg.src], self.group, msg.tag).wait()  # [s, b, h]
-                (inputs if a.kind is RECV_F else grads)[key] = x
-            elif a.kind is SEND_F or a.kind is SEND_B:
-                x = outgoing.pop((a.stage, a.microbatch, a.kind))
-                pending.append(isend(x, self.group.ranks[msg.dst], self.group, msg.tag))
-            elif a.kind is F:
-                stage, (x, y) = self.stages[a.stage], micro[a.microbatch]
-                rng = self._rng(streams, stage, a.microbatch)
-                out = self._timed(a, lambda: stage.forward(
-                    a.microbatch, x if stage.is_first else inputs.pop(key), y, rng))
-                self._check_draws(streams, stage, a.microbatch, rng)
-                if stage.is_last:
-                    losses[a.microbatch] = out
-                elif a.stage + 1 in self.stages:
-                    inputs[(a.stage + 1, a.microbatch)] = out  # same rank: in memory
+        tensors = (inputs, grads, outgoing)
+        for item, msg in zip(self.actions, self._messages):
+            if item.is_communication:
+                a, key = item, (item.stage, item.microbatch)
+                if a.kind is RECV_F or a.kind is RECV_B:
+                    x = irecv(self.group.ranks[msg.src], self.group, msg.tag).wait()
+                    (inputs if a.kind is RECV_F else grads)[key] = x  # x: [s, b, h]
                 else:
-                    outgoing[(a.stage, a.microbatch, SEND_F)] = out
-            elif a.kind is B:
-                stage = self.stages[a.stage]
-                dy = None if stage.is_last else grads.pop(key)
-                dx = self._timed(a, lambda: stage.backward(a.microbatch, dy, 1.0 / m))
-                if a.stage > 0 and a.stage - 1 in self.stages:
-                    grads[(a.stage - 1, a.microbatch)] = dx
-                elif a.stage > 0:
-                    outgoing[(a.stage, a.microbatch, SEND_B)] = dx
+                    x = outgoing.pop((a.stage, a.microbatch, a.kind))
+                    pending.append(isend(x, self.group.ranks[msg.dst], self.group, msg.tag))
+                continue
+            pair = item if isinstance(item, OverlapFB) else None
+            for a in parts(item):  # a pair: its forward, then its backward (docstring)
+                self._compute(a, micro, streams, losses, tensors, pair)
+
+    def _compute(self, a, micro: list, streams: dict, losses: dict, tensors: tuple,
+                 pair: Optional[OverlapFB]) -> None:
+        """One F, B, I or W; its input from `tensors`, its output into them."""
+        inputs, grads, outgoing = tensors
+        key, stage = (a.stage, a.microbatch), self.stages[a.stage]
+        if a.kind is F:
+            x, y = micro[a.microbatch]
+            rng = self._rng(streams, stage, a.microbatch)
+            out = self._timed(a, lambda: stage.forward(
+                a.microbatch, x if stage.is_first else inputs.pop(key), y, rng), pair)
+            self._check_draws(streams, stage, a.microbatch, rng)
+            if stage.is_last:
+                losses[a.microbatch] = out
+            elif a.stage + 1 in self.stages:
+                inputs[(a.stage + 1, a.microbatch)] = out  # same rank: in memory
+            else:
+                outgoing[(a.stage, a.microbatch, SEND_F)] = out
+        elif a.kind is W:
+            self._timed(a, lambda: stage.backward_weight(a.microbatch), pair)
+        else:  # B or I
+            run = stage.backward if a.kind is B else stage.backward_input
+            dy = None if stage.is_last else grads.pop(key)
+            m = self.info.microbatches
+            dx = self._timed(a, lambda: run(a.microbatch, dy, 1.0 / m), pair)
+            if a.stage > 0 and a.stage - 1 in self.stages:
+                grads[(a.stage - 1, a.microbatch)] = dx
+            elif a.stage > 0:
+                outgoing[(a.stage, a.microbatch, SEND_B)] = dx
 
     def _rng(self, streams: dict, stage: PipelineStage, i: int) -> np.random.Generator:
         stream = streams[id(stage.model)]
@@ -236,16 +266,19 @@ class PipelineRunner:
                 f"have its draws counted there, or the pipeline's masks would not be one "
                 f"device's")
 
-    def _timed(self, a, run):
-        """Run one F or B and record it in the trace with its stage and micro-batch."""
+    def _timed(self, a, run, pair: Optional[OverlapFB] = None):
+        """Run one F, B, I or W and record it in the trace with its stage and micro-batch
+        (and, inside an overlapped pair, the pair)."""
         ctx = current()
         begin = ctx.clock.compute
         out = run()
-        ctx.trace.record(Event(
-            ctx.rank, "compute", a.kind.value, begin, ctx.clock.compute, label=str(a),
-            meta={"action": str(a), "stage": a.stage, "kind": a.kind.value,
-                  "microbatch": a.microbatch, "pipeline_rank": self.pp_rank,
-                  "activations": ctx.ledger.held("activations")}))
+        meta = {"action": str(a), "stage": a.stage, "kind": a.kind.value,
+                "microbatch": a.microbatch, "pipeline_rank": self.pp_rank,
+                "activations": ctx.ledger.held("activations")}
+        if pair is not None:
+            meta["pair"] = str(pair)
+        ctx.trace.record(Event(ctx.rank, "compute", a.kind.value, begin, ctx.clock.compute,
+                               label=str(a), meta=meta))
         return out
 
     def _allreduce_embedding_grads(self) -> None:

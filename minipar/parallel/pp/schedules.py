@@ -6,7 +6,12 @@
 Pure functions of (p, m, v): no communication, no model, importable by plan and viz. The
 sends and receives are added by lowering.py; validate.py checks any schedule; dry_run.py
 times one. Rank r holds stage r (one chunk), or stages r, r + p, ..., r + (v-1)p (v chunks,
-"interleaved", stage s on rank s mod p). Micro-batches are 0..m-1.
+"interleaved", stage s on rank s mod p), or stages r and 2p - 1 - r (the V schedules
+"zbv" and "dualpipev"): which rank holds a stage is read from the lists themselves,
+placement(actions), never assumed. Micro-batches are 0..m-1.
+
+The zero-bubble schedules, with the backward split into I and W, are in zero_bubble.py
+("zb_h1", "zb_h2", "zbv") and dualpipe.py ("dualpipev", with overlapped F&B pairs).
 
 GPipe (Huang et al. 2019), all forwards then all backwards:
     rank r:  F0 F1 ... F(m-1)  B0 B1 ... B(m-1)                 holds m micro-batches
@@ -30,9 +35,11 @@ Interleaved 1F1B (Narayanan et al. 2021, section 2.2; Megatron's grouping rule):
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from .actions import B, F, Action, Schedule, ScheduleError
+from .dualpipe import dualpipev
+from .zero_bubble import check_v, zb_h1, zb_h2, zbv
 
 
 def gpipe(pp: int, microbatches: int) -> Schedule:
@@ -98,8 +105,13 @@ SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
     "interleaved_1f1b": interleaved_1f1b,
+    "zb_h1": zb_h1,
+    "zb_h2": zb_h2,
+    "zbv": zbv,
+    "dualpipev": dualpipev,
 }
 MULTI_CHUNK = ("interleaved_1f1b",)  # the schedules that place several stages on a rank
+V_SHAPED = ("zbv", "dualpipev")      # two chunks a rank, stages r and 2p - 1 - r
 
 
 def _count(value, what: str) -> int:
@@ -108,20 +120,26 @@ def _count(value, what: str) -> int:
     return value
 
 
-def schedule(name: str, pp: int, microbatches: int, chunks: int = 1) -> Schedule:
+def schedule(name: str, pp: int, microbatches: int, chunks: Optional[int] = None) -> Schedule:
     """Each pipeline rank's ordered compute actions for schedule `name`.
 
-    name: "gpipe", "1f1b" or "interleaved_1f1b"; pp: pipeline ranks p; microbatches: m;
-    chunks: model chunks v per rank (interleaved only). Stages: p·v, stage s on rank s mod p.
+    name: "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zbv" or "dualpipev";
+    pp: pipeline ranks p; microbatches: m; chunks: model chunks v per rank (interleaved:
+    any v >= 1, default 1, stage s on rank s mod p; the V schedules: 2, their own, stages
+    r and 2p - 1 - r on rank r; the others: 1). Left out, chunks is the schedule's own.
     """
     if name not in SCHEDULES:
         raise ScheduleError(f"unknown schedule {name!r}; the schedules are "
                             f"{', '.join(repr(k) for k in SCHEDULES)}")
     pp, microbatches = _count(pp, "pp"), _count(microbatches, "microbatches")
-    chunks = _count(chunks, "chunks")
+    if name in V_SHAPED:
+        check_v(name, pp, chunks if chunks is None else _count(chunks, "chunks"))
+        return SCHEDULES[name](pp, microbatches)
+    chunks = 1 if chunks is None else _count(chunks, "chunks")
     if name in MULTI_CHUNK:
         return SCHEDULES[name](pp, microbatches, chunks)
     if chunks != 1:
         raise ScheduleError(f"{name!r} runs one stage per rank, got chunks={chunks}; for "
-                            f"{chunks} chunks per rank use 'interleaved_1f1b'")
+                            f"{chunks} chunks per rank use 'interleaved_1f1b'"
+                            + (" (or 'zbv' or 'dualpipev': two in a V)" if chunks == 2 else ""))
     return SCHEDULES[name](pp, microbatches)

@@ -5,13 +5,17 @@
                                                   stage S - 1: loss = head(x_hi, targets)
         backward   dx_lo = blocks^T(dx_hi)        stage S - 1: dx_hi = head^T(loss scale)
                                                   stage 0:     embed^T(dx_lo), no output
+        split      backward_input(i) = I, the backward with the weights' gradients
+                   deferred to a WeightGradStore kept per micro-batch; backward_weight(i)
+                   = W, which runs them (zero-bubble schedules, nn/weight_grads.py)
 
 A stage is a view of the GPT its rank built (nn/gpt.py's three steps, run with lo..hi): the
 weights come from the same seeds as the single-device model's, and the parameters of the
 stages a rank does not hold are given back to its ledger (`build_stages`). It keeps each
 in-flight micro-batch's records (the `Saved` objects the steps return, on the ledger as
-activations) from its forward until its backward, so several micro-batches can be in
-flight at once (torch.distributed.pipelining's PipelineStage; Megatron-LM's model chunk).
+activations) from its forward until its backward — with the backward split, what only I
+needs until I and the W records until W — so several micro-batches can be in flight at
+once (torch.distributed.pipelining's PipelineStage; Megatron-LM's model chunk).
 
 Layers. `split_layers(L, S)` gives each stage q = L // S blocks and the first r = L % S
 stages one more, as torchtitan's split does (without its option to count the embedding and
@@ -49,6 +53,7 @@ import numpy as np
 
 from ...nn.hooks import EMBED, HEAD, ROOT, block_unit
 from ...nn.parameter import Parameter
+from ...nn.weight_grads import WeightGradStore
 from .actions import ScheduleError
 
 
@@ -135,6 +140,7 @@ class PipelineStage:
         if num_stages > 1 and not model.root_is_split:
             model.split_root()  # EMBED on the first stage, HEAD on the last
         self._saved: dict[int, tuple] = {}  # micro-batch -> (embed, blocks, head) records
+        self._weights: dict[int, WeightGradStore] = {}  # micro-batch -> W's records (after I)
 
     def __repr__(self) -> str:
         return (f"PipelineStage({self.index} of {self.num_stages}, blocks {self.lo}.."
@@ -159,15 +165,15 @@ class PipelineStage:
 
     @property
     def in_flight(self) -> list[int]:
-        """The micro-batches whose forward ran and whose backward has not."""
-        return sorted(self._saved)
+        """The micro-batches whose forward ran and whose backward (or W) has not."""
+        return sorted({*self._saved, *self._weights})
 
     # ---- forward and backward -----------------------------------------------------------
     def forward(self, microbatch: int, x: np.ndarray, targets: Optional[np.ndarray] = None,
                 rng=None):
         """The stage's output for micro-batch i: x_hi, or on the last stage its loss.
         x: ids int [s, b] on the first stage, else [s, b, h]; targets: int [s, b] (last)."""
-        if microbatch in self._saved:
+        if microbatch in self._saved or microbatch in self._weights:
             raise ScheduleError(f"stage {self.index} runs the forward of micro-batch "
                                 f"{microbatch} twice without its backward")
         m = self.model
@@ -188,6 +194,28 @@ class PipelineStage:
         """dx_lo of micro-batch i from dy = dx_hi ([s, b, h]); the last stage starts from
         d(loss_scale · loss). Accumulates the parameters' gradients; the first stage
         returns None (the ids have no gradient). Releases the micro-batch's records."""
+        return self._backward(microbatch, dy, loss_scale, None)
+
+    def backward_input(self, microbatch: int, dy: Optional[np.ndarray] = None,
+                       loss_scale: float = 1.0) -> Optional[np.ndarray]:
+        """I: dx_lo as `backward` returns it, the weights' gradients deferred to
+        backward_weight(i). Frees what only I read; the W records stay on the ledger."""
+        store = WeightGradStore()
+        dx = self._backward(microbatch, dy, loss_scale, store)
+        self._weights[microbatch] = store
+        return dx
+
+    def backward_weight(self, microbatch: int) -> None:
+        """W: micro-batch i's weight gradients, accumulated; each unit's backward_post fires
+        after them (a data-parallel engine's gradients are complete only from here)."""
+        store = self._weights.pop(microbatch, None)
+        if store is None:
+            raise ScheduleError(f"stage {self.index} runs W of micro-batch {microbatch}, "
+                                f"whose I it has not run (or whose W ran already): I first")
+        self.model.backward_weight(store)
+
+    def _backward(self, microbatch: int, dy, loss_scale: float,
+                  store: Optional[WeightGradStore]) -> Optional[np.ndarray]:
         if microbatch not in self._saved:
             raise ScheduleError(f"stage {self.index} runs the backward of micro-batch "
                                 f"{microbatch}, whose forward it has not run (or whose "
@@ -195,10 +223,10 @@ class PipelineStage:
         s_embed, s_blocks, s_head = self._saved.pop(microbatch)
         m = self.model
         if self.is_last:
-            dy = m.head_backward(s_head, loss_scale)  # dy: [s, b, h]
-        dx = m.blocks_backward(dy, s_blocks, self.lo, self.hi)  # dx: [s, b, h]
+            dy = m.head_backward(s_head, loss_scale, store)  # dy: [s, b, h]
+        dx = m.blocks_backward(dy, s_blocks, self.lo, self.hi, store)  # dx: [s, b, h]
         if self.is_first:
-            m.embed_backward(dx, s_embed)
+            m.embed_backward(dx, s_embed, store)
             return None
         return dx
 

@@ -71,11 +71,12 @@ class ParallelAttention(Module):
         (y, _), s_proj = self.proj.forward(context)  # y: [s, b, h] ([s/t, b, h] with SP)
         return y, (s_qkv, s_core, s_proj)
 
-    def backward(self, dy: np.ndarray, saved) -> np.ndarray:
+    def backward(self, dy: np.ndarray, saved, store=None) -> np.ndarray:
+        """dx from dy; with a WeightGradStore, the linears' weight gradients wait for W."""
         s_qkv, s_core, s_proj = saved
-        dcontext = self.proj.backward(dy, s_proj)  # dcontext: [s, b, h/t]
+        dcontext = self.proj.backward(dy, s_proj, store)  # dcontext: [s, b, h/t]
         dqkv = core_attention_backward(dcontext, s_core)  # dqkv: [s, b, 3h/t]
-        return self.qkv.backward(dqkv, s_qkv)
+        return self.qkv.backward(dqkv, s_qkv, store=store)
 
 
 class ParallelMLP(Module):
@@ -99,10 +100,11 @@ class ParallelMLP(Module):
         (y, _), s2 = self.fc2.forward(g)  # y: [s, b, h] ([s/t, b, h] with SP)
         return y, (s1, s_act, s2)
 
-    def backward(self, dy: np.ndarray, saved) -> np.ndarray:
+    def backward(self, dy: np.ndarray, saved, store=None) -> np.ndarray:
+        """dx from dy; with a WeightGradStore, the linears' weight gradients wait for W."""
         s1, s_act, s2 = saved
-        dg = self.fc2.backward(dy, s2)  # dg: [s, b, ffn/t]
-        return self.fc1.backward(gelu_backward(dg, s_act), s1)
+        dg = self.fc2.backward(dy, s2, store)  # dg: [s, b, ffn/t]
+        return self.fc1.backward(gelu_backward(dg, s_act), s1, store=store)
 
 
 def residual_stream_rng(rng: TensorParallelRNG, sequence_parallel: bool):

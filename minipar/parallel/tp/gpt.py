@@ -133,9 +133,10 @@ class TensorParallelGPT(GPT):
         (logits, _), saved = self.lm_head.forward(x, self._head_weight())
         return logits, saved
 
-    def logits_backward(self, dlogits: np.ndarray, saved: Saved) -> np.ndarray:
-        """dx like x (f: all-reduce; SP f̄: reduce-scatter); tied, dW joins wte's shard."""
-        return self.lm_head.backward(dlogits, saved, self._head_weight())
+    def logits_backward(self, dlogits: np.ndarray, saved: Saved, store=None) -> np.ndarray:
+        """dx like x (f: all-reduce; SP f̄: reduce-scatter); tied, dW joins wte's shard
+        (with a WeightGradStore, at its W)."""
+        return self.lm_head.backward(dlogits, saved, self._head_weight(), store)
 
     def loss_forward(self, logits: np.ndarray, targets: np.ndarray):
         """Cross-entropy from vocabulary shards: three [s, b] all-reduces (vocab.py)."""

@@ -28,6 +28,18 @@ With sequence parallelism, ColumnParallelLinear saves its *sequence-sharded* inp
 [s/t, b, in] and all-gathers it again in backward for the weight gradient, as Megatron does
 (the 34/t in Korthikanti et al.'s formula relies on it): one more all-gather per column-
 parallel layer in backward, in exchange for (t-1)/t of the input's memory.
+
+Split backward (nn/weight_grads.py; Qi et al. 2023). With a `store`, a layer's backward is
+I now and W later, the collectives each needs placed with it:
+
+    ColumnParallelLinear  I: dx = f'(dy W_r) (all-reduce; SP: reduce-scatter)
+                          W: dW_r = dy^T x, db_r; under SP the all-gather of x runs in W,
+                             so I's critical path carries no wgrad traffic, and the record
+                             holds x_r [s/t, b, in], not the gathered x
+    RowParallelLinear     I: db (a reduction of this rank's dy, [out]), g'(dy) (SP: the
+                             all-gather of dy), dx_r = dy W_r
+                          W: dW_r = dy^T x_r from the gathered dy the record holds; db into
+                             the bias (SP: into sp_grads, all-reduced at the unit's end)
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ from ...nn.matmul import compute_dtype
 from ...nn.module import Module
 from ...nn.parameter import Parameter, init_normal
 from ...nn.saved import Saved
+from ...nn.weight_grads import WeightGradStore
 from ...runtime.collectives import all_gather
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
@@ -144,26 +157,42 @@ class ColumnParallelLinear(Module):
                              "with skip_weight_param_allocation=True")
         return weight if weight is not None else self.weight
 
-    def backward(self, dy: np.ndarray, saved: Saved, weight: Optional[Parameter] = None
-                 ) -> np.ndarray:
+    def backward(self, dy: np.ndarray, saved: Saved, weight: Optional[Parameter] = None,
+                 store: Optional[WeightGradStore] = None) -> np.ndarray:
         """dx = f'(dy W_r): partial sums all-reduced (SP: reduce-scattered); accumulates
-        dW_r = dy^T x and db_r (also with skip_bias_add: the bias was added by the caller).
+        dW_r = dy^T x and db_r (also with skip_bias_add: the bias was added by the caller),
+        with a `store` at its W.
         dy: [s, b, out/t] (gather_output: [s, b, out]) -> dx: [s, b, in] ([s/t, b, in])"""
         if self.gather_output:
             dy = gather_from_tensor_model_parallel_region.backward(dy, self.group)
-        x = saved.x
-        if self.sequence_parallel:
-            x = all_gather(x, axis=0, group=self.group) if self.group.size > 1 else x
         w = self._weight(weight)
-        dx_partial = linear_backward_input(dy, w.data, self.name)  # dx_partial: [s, b, in]
-        dw, db = linear_backward_weight(dy, x, self.bias is not None, self.name)
-        saved.release()
-        w.accumulate(dw)
-        if self.bias is not None:
-            self.bias.accumulate(db)
+        if store is None:
+            x = self._total_input(saved.x)  # x: [s, b, in]
+            dx_partial = linear_backward_input(dy, w.data, self.name)  # [s, b, in]
+            dw, db = linear_backward_weight(dy, x, self.bias is not None, self.name)
+            saved.release()
+            self._accumulate(w, dw, db)
+        else:
+            dx_partial = linear_backward_input(dy, w.data, self.name)  # [s, b, in]
+            store.put(lambda r: self._accumulate(w, *linear_backward_weight(
+                r.dy, self._total_input(r.forward.x), self.bias is not None, self.name)),
+                Saved(f"{self.name}.wgrad", dy=dy, forward=saved))
         if self.sequence_parallel:
             return gather_from_sequence_parallel_region.backward(dx_partial, self.group)
         return copy_to_tensor_model_parallel_region.backward(dx_partial, self.group)
+
+    def _total_input(self, x: np.ndarray) -> np.ndarray:
+        """The input the weight saw: x, or under SP x_r all-gathered ([s/t, b, in] ->
+        [s, b, in])."""
+        if self.sequence_parallel and self.group.size > 1:
+            return all_gather(x, axis=0, group=self.group)
+        return x
+
+    def _accumulate(self, w: Parameter, dw: np.ndarray, db: Optional[np.ndarray]) -> None:
+        """dW_r and db_r into the parameters."""
+        w.accumulate(dw)
+        if self.bias is not None:
+            self.bias.accumulate(db)
 
 
 class RowParallelLinear(Module):
@@ -208,25 +237,44 @@ class RowParallelLinear(Module):
         out_bias = self.bias.data if (self.bias is not None and self.skip_bias_add) else None
         return (y, out_bias), s_lin
 
-    def backward(self, dy: np.ndarray, saved: Saved) -> np.ndarray:
+    def backward(self, dy: np.ndarray, saved: Saved,
+                 store: Optional[WeightGradStore] = None) -> np.ndarray:
         """dx_r = g'(dy) W_r; accumulates dW_r and db (SP: db is partial, all-reduced via
-        sp_grads).  dy: [s, b, out] ([s/t, b, out]) -> dx: [s, b, in/t] ([s, b, in])"""
+        sp_grads), with a `store` at its W.
+        dy: [s, b, out] ([s/t, b, out]) -> dx: [s, b, in/t] ([s, b, in])"""
+        db = None
         if self.bias is not None:
             tokens = tuple(range(dy.ndim - 1))
             db = dy.sum(axis=tokens, dtype=compute_dtype(dy.dtype)).astype(
                 self.bias.data.dtype)  # db: [out]
-            if self.sp_grads is not None:
-                self.sp_grads.add(self.bias, db)
-            else:
-                self.bias.accumulate(db)
+            if store is None:
+                self._bias_grad(db)
         if self.sequence_parallel:
             dy = reduce_scatter_to_sequence_parallel_region.backward(dy, self.group)
         else:
             dy = reduce_from_tensor_model_parallel_region.backward(dy, self.group)
         dx = linear_backward_input(dy, self.weight.data, self.name)  # dx: [s, b, in/t]
-        dw, _ = linear_backward_weight(dy, saved.x, False, self.name)
-        saved.release()
-        self.weight.accumulate(dw)
+        if store is None:
+            dw, _ = linear_backward_weight(dy, saved.x, False, self.name)
+            saved.release()
+            self.weight.accumulate(dw)
+        else:
+            keep = {"db": db} if db is not None else {}
+            store.put(self._deferred, Saved(f"{self.name}.wgrad", dy=dy, forward=saved, **keep))
         if not self.input_is_parallel:
             dx = scatter_to_tensor_model_parallel_region.backward(dx, self.group)
         return dx
+
+    def _bias_grad(self, db: np.ndarray) -> None:
+        if self.sp_grads is not None:
+            self.sp_grads.add(self.bias, db)
+        else:
+            self.bias.accumulate(db)
+
+    def _deferred(self, record: Saved) -> None:
+        """W: dW_r = dy^T x_r (dy: [s, b, out], after g'), then the bias's db that I
+        reduced."""
+        dw, _ = linear_backward_weight(record.dy, record.forward.x, False, self.name)
+        self.weight.accumulate(dw)
+        if self.bias is not None:
+            self._bias_grad(record.db)

@@ -31,7 +31,7 @@ from typing import Optional
 
 import numpy as np
 
-from ...nn.layernorm import LayerNorm, layernorm_backward
+from ...nn.layernorm import LayerNorm
 from ...nn.parameter import Parameter
 from ...runtime.collectives import all_reduce
 from ...runtime.group import ProcessGroup
@@ -81,10 +81,9 @@ class SequenceParallelLayerNorm(LayerNorm):
             for p in self.parameters():
                 mark_sequence_parallel(p)
 
-    def backward(self, dy: np.ndarray, saved) -> np.ndarray:
+    def accumulate(self, dgamma: np.ndarray, dbeta: np.ndarray) -> None:
+        """This rank's partial dgamma, dbeta to the collector (at W in a split backward)."""
         if self.grads is None:
-            return super().backward(dy, saved)
-        dx, dgamma, dbeta = layernorm_backward(dy, saved, self.weight.data, self.eps)
+            return super().accumulate(dgamma, dbeta)
         self.grads.add(self.weight, dgamma)
         self.grads.add(self.bias, dbeta)
-        return dx

@@ -26,6 +26,7 @@ from minipar.nn import GPT
 from minipar.optim import AdamW, clip_grad_norm_
 from minipar.parallel import ParallelDims, ShardingStrategy, parallelize
 from minipar.parallel.checkpoint.full_state import parameter_of
+from minipar.parallel.pp import schedule, validate_schedule
 from minipar.runtime.collectives import all_gather
 
 
@@ -153,6 +154,80 @@ def test_a_pipeline_with_dp_and_tp_trains_like_one_device(dpkit, data):
                    max_grad_norm=clip, schedule=name, microbatches=m, chunks=v,
                    layers=layers)
     check(dpkit, reference(cfg, batches, m, dpkit.OPT, clip), res)
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=10)
+@given(data=st.data())
+def test_split_backward_schedules_with_dp_and_tp_train_like_one_device(dpkit, data):
+    """The backward split into I and W (the zero-bubble generators' schedules once on
+    main, and schedules derived here: every B as I then W at once, or every W deferred to
+    the end of its rank's list), through parallelize with dp under DDP, ZeRO-1 or ZeRO-3
+    (each reducing after the last W), tp with or without SP, pp 1..4, m 1..8, even,
+    uneven or given splits, tied or not, dropout and clipping: one device's losses,
+    gradients, norms, weights, moments. Stages sit where the schedule places them."""
+    actions, what = dpkit.draw_split_schedule(data)
+    info = validate_schedule(actions)
+    p, S, m = len(actions), info.stages, info.microbatches
+    dp = data.draw(st.sampled_from([2, 1]), "dp")
+    tp = data.draw(st.sampled_from([2, 1]) if p * dp <= 4 else st.just(1), "tp")
+    zero = data.draw(st.sampled_from([3, 1, 0]), "zero")
+    sp = tp > 1 and data.draw(st.booleans(), "sequence parallel")
+    if data.draw(st.booleans(), "layers given as a list"):
+        layers = data.draw(st.lists(st.integers(0, 2), min_size=S, max_size=S)
+                           .filter(lambda c: sum(c) > 0), "layers")
+        L = sum(layers)
+    else:
+        layers, L = None, S + data.draw(st.integers(0, 2), "layers beyond one per stage")
+    ends_on_one_rank = S > 1 and info.placement[0] == info.placement[S - 1]
+    tie = data.draw(st.booleans(), "tied") and not (ends_on_one_rank and zero == 3)
+    clip = data.draw(st.sampled_from([None, 0.05]), "max_grad_norm")
+    event(f"{what} dp={dp} tp={tp} zero={zero}")
+    cfg = tiny(dpkit, num_layers=L, tie_embeddings=tie,
+               dropout=data.draw(st.sampled_from([0.0, 0.1]), "dropout"),
+               seed=data.draw(st.integers(0, 2**16), "seed"))
+    b = data.draw(st.integers(1, 2), "sequences per rank and micro-batch")
+    batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dp * b, seed=cfg.seed)
+    dims = (ParallelDims(dp_replicate=dp, pp=p, tp=tp) if zero == 0
+            else ParallelDims(dp_shard=dp, pp=p, tp=tp))
+    res = composed(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=sp,
+                   max_grad_norm=clip, schedule=actions, microbatches=m, layers=layers)
+    check(dpkit, reference(cfg, batches, m, dpkit.OPT, clip), res)
+
+
+SPLIT_CASES = [  # (dims, zero, sequence parallel, schedule, chunks, W deferred)
+    (ParallelDims(dp_replicate=2, pp=2, tp=2), 0, True, "1f1b", 1, True),
+    (ParallelDims(dp_shard=2, pp=2, tp=2), 1, False, "interleaved_1f1b", 2, True),
+    (ParallelDims(dp_shard=2, pp=2, tp=2), 3, True, "1f1b", 1, False),
+    (ParallelDims(dp_shard=2, pp=4), 3, False, "gpipe", 1, True),
+    (ParallelDims(dp_replicate=2, pp=2, tp=2), 0, False, "interleaved_1f1b", 2, False),
+    (ParallelDims(dp_shard=2, pp=2, tp=2), 1, True, "v", 2, True),  # stages 0, 3 on rank 0
+    (ParallelDims(dp_shard=2, pp=4), 2, False, "1f1b", 1, True),  # ZeRO-2 too
+    (ParallelDims(dp_replicate=2, pp=2, tp=2), 0, True, "zb_h1", None, False),
+    (ParallelDims(dp_shard=2, pp=2, tp=2), 3, False, "zb_h2", None, False),
+    (ParallelDims(dp_shard=2, pp=2, tp=2), 1, True, "zbv", None, False),
+    (ParallelDims(dp_shard=2, pp=2, tp=2), 1, True, "dualpipev", None, False),
+    (ParallelDims(dp_replicate=2, pp=4), 0, False, "dualpipev", None, False),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("dims, zero, sp, name, v, defer", SPLIT_CASES)
+def test_fixed_split_backward_compositions(dpkit, dims, zero, sp, name, v, defer):
+    """DDP, ZeRO-1 and ZeRO-3 each with tp = 2 (SP on and off) under a split schedule: a
+    V-shaped one (the first and last stages on pipeline rank 0, which reports the loss),
+    the zero-bubble generators' (ZB-H1, ZB-H2, ZBV, DualPipeV with its pairs); 4
+    micro-batches (8 for DualPipeV on 4 ranks), tied embeddings, dropout and the clip
+    active on every step."""
+    m = 8 if name == "dualpipev" and dims.pp == 4 else 4  # DualPipeV needs m >= 2p
+    cfg = tiny(dpkit, num_layers=9, tie_embeddings=True, dropout=0.1, seed=dims.world_size)
+    batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dims.dp, seed=cfg.seed)
+    ref = reference(cfg, batches, m, dpkit.OPT, 0.05)
+    assert all(n > 0.05 for n in ref[2])
+    actions = (dpkit.v_shape(dims.pp, m, defer) if name == "v" else
+               dpkit.split_backward(schedule(name, dims.pp, m, v), defer))
+    check(dpkit, ref, composed(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=sp,
+                               max_grad_norm=0.05, schedule=actions, microbatches=m))
 
 
 SWEEP = [(name, p, v) for p in (1, 2, 4) for name, v in

@@ -5,6 +5,10 @@
   per unit, none during the schedule.
 - ZeRO-3 gathers each unit around each use: 2m all-gathers per unit and step under a
   one-chunk schedule (forward and backward of every micro-batch), nothing kept gathered.
+- With the backward split (I, W), every reduction waits for the rank's last W, when the
+  gradients are complete; ZeRO-3 gathers nothing more for W (W reads no weight). Run
+  the other way round — the engine reducing before the W's, as DDP's hooks do in torch
+  when W runs outside autograd (pytorch issue 144530) — the gradients are wrong.
 - The loss is the last stage's, broadcast over the pp group: one broadcast a step.
 - A split root (EMBED, HEAD) under sequence parallelism flushes the root's gradients
   (TensorParallelGPT.finish_backward knew only ROOT and raised KeyError).
@@ -17,18 +21,19 @@ import pytest
 
 import minipar as mp
 from minipar.parallel import NoParameters, ParallelDims, TensorParallelGPT, parallelize
+from minipar.parallel.pp import PipelineStage, schedule
 
 M = 4  # micro-batches a step
 
 
-def one_step(cfg, dims, **kw):
+def one_step(cfg, dims, schedule="1f1b", **kw):
     """Per rank: (the comm events of forward_backward, the F and B actions, the units the
     engine holds, the engine, the dp and pp groups' ranks)."""
     ids, tgt = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, cfg.seq_len,
                                                                      M * dims.dp))
 
     def program(ctx):
-        run = parallelize(cfg, dims, schedule="1f1b", microbatches=M, lr=1e-2, **kw)
+        run = parallelize(cfg, dims, schedule=schedule, microbatches=M, lr=1e-2, **kw)
         n = len(ctx.trace.events)
         run.forward_backward(ids, tgt)
         events = ctx.trace.events[n:]
@@ -108,3 +113,65 @@ def test_a_rank_of_empty_stages_holds_nothing_and_still_learns_the_norm(dpkit):
         assert steps == 2
     assert len({r[2] for r in res}) == 1  # every rank clips by the same norm
     assert all(r[1]["parameters"] > 0 for r in (res[0], res[3]))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_with_the_backward_split_each_gradient_is_reduced_after_the_last_w(dpkit, zero):
+    cfg = dpkit.tiny_config(num_layers=4, seq_len=4, tie_embeddings=True)
+    dims = (ParallelDims(dp_replicate=2, pp=2) if zero == 0
+            else ParallelDims(dp_shard=2, pp=2))
+    actions = dpkit.split_backward(schedule("1f1b", 2, M), defer=True)
+    for comm, acts, engine, dp, pp in one_step(cfg, dims, actions, zero=zero):
+        on_dp = [e for e in comm if e.group == dp]
+        last_w = max(e.end for e in acts if e.meta["kind"] == "W")
+        last_i = max(e.end for e in acts if e.meta["kind"] == "I")
+        assert last_i < last_w  # the W's come last on every rank
+        name = "all_reduce" if zero == 0 else "reduce_scatter"
+        reduced = [e for e in on_dp if e.name == name]
+        assert len(reduced) == (len(engine.buckets) if zero == 0 else len(engine.units))
+        assert all(e.start >= last_w for e in reduced)
+        gathers = [e for e in on_dp if e.name == "all_gather"]
+        assert len(gathers) == (2 * M * len(engine.units) if zero == 3 else 0)
+        tied = [e for e in comm if e.group == pp and e.name == "all_reduce"]
+        assert len(tied) == 1 and tied[0].start >= last_w  # the embedding group's sum too
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("zero", [0, 1])
+def test_reducing_before_the_w_s_would_miss_their_contribution(dpkit, zero):
+    """The torch trap, built on purpose: each stage's W is held back and run only after
+    grads_ready() has reduced (as DDP's autograd hooks fire before a W run outside
+    autograd). The gradients then miss the dp average of the W's; run as the runner runs
+    them (W first, then the reduction) they are one device's."""
+    cfg = dpkit.tiny_config(num_layers=2, seq_len=4)
+    dims = (ParallelDims(dp_replicate=2, pp=2) if zero == 0
+            else ParallelDims(dp_shard=2, pp=2))
+    batches = dpkit.global_batches(cfg, steps=1, global_batch=M * 2, seed=4)
+    want = dpkit.reference_run(cfg, batches).grads[0]
+    actions = dpkit.split_backward(schedule("1f1b", 2, M), defer=True)
+
+    def program(ctx, trap):
+        run = parallelize(cfg, dims, zero=zero, schedule=actions, microbatches=M, lr=1e-2)
+        if trap:
+            late, ready = [], run.runner.grads_ready
+            for st in run.stages.stages:
+                st.backward_weight = lambda i, st=st: late.append((st, i))
+
+            def reduce_then_w():
+                ready()
+                for st, i in late:
+                    PipelineStage.backward_weight(st, i)
+            run.runner.grads_ready = reduce_then_w
+        run.forward_backward(*batches[0])
+        return run.engine.full_grads()
+
+    for trap in (False, True):
+        worst = max(float(np.abs(g - want[name]).max())
+                    for grads in mp.launch(lambda ctx: program(ctx, trap), 4)
+                    for name, g in grads.items())
+        scale = max(float(np.abs(g).max()) for g in want.values())
+        if trap:
+            assert worst > 1e-3 * scale
+        else:
+            assert worst <= dpkit.GRAD_ATOL_SCALE * scale + dpkit.RTOL * scale

@@ -20,9 +20,10 @@ import pytest
 
 import minipar as mp
 from minipar.nn import GPT, MLP, GPTConfig
-from minipar.parallel.pp import (RECV_B, Action, PipelineRunner, ScheduleDeadlockError,
-                                 ScheduleError, build_stages, dry_run, lower, parse_schedule,
-                                 placement, schedule)
+from minipar.parallel.pp import (RECV_B, Action, Kind, PipelineRunner, ScheduleDeadlockError,
+                                 ScheduleError, build_stages, dry_run, lower,
+                                 placement, schedule, validate_schedule)
+from minipar.parallel.pp.actions import OverlapFB, parts
 from minipar.runtime import cost
 
 CFG = GPTConfig(vocab_size=16, seq_len=4, hidden=8, num_heads=2, num_layers=4, seed=3)
@@ -38,7 +39,8 @@ def batch(cfg, m, b=2, seed=0):
 def run_step(cfg, actions, topology=None, steps=1, layers=None, before=None):
     """One step (or more) on len(actions) ranks: per rank (runner, trace events, ledger
     peak of activations, activations held after, the rank's model)."""
-    ids, tgt = batch(cfg, len({a.microbatch for row in actions for a in row}))
+    ids, tgt = batch(cfg, len({a.microbatch for row in actions for item in row
+                               for a in parts(item)}))
 
     def program(ctx):
         model = GPT(cfg)
@@ -225,10 +227,6 @@ def test_the_runner_refuses_what_it_cannot_run():
             PipelineRunner(stages, actions, mp.new_group([ctx.rank], f"alone{ctx.rank}"))
 
     mp.launch(wrong_stages, 2)
-    split = parse_schedule("rank 0: 0F0 0I0 0W0")
-    with mp.device():
-        with pytest.raises(ScheduleError, match="split backward .* zero-bubble"):
-            PipelineRunner(build_stages(GPT(CFG), placement(split), 0), split)
 
 
 class DrawingMLP(MLP):
@@ -249,3 +247,137 @@ def test_a_layer_drawing_uncounted_dropout_values_is_caught():
         with pytest.raises(RuntimeError, match="stage 0's forward of micro-batch 0 drew "
                                                "another number of dropout values"):
             runner.step(*batch(cfg, 1))
+
+
+def split_backward(actions, defer):
+    """Each B as I then W at once, or I in B's place and every W at the end of the list."""
+    out = []
+    for row in actions:
+        head, tail = [], []
+        for a in row:
+            if a.kind is Kind.B:
+                head.append(Action(a.stage, Kind.I, a.microbatch))
+                (tail if defer else head).append(Action(a.stage, Kind.W, a.microbatch))
+            else:
+                head.append(a)
+        out.append(head + tail)
+    return out
+
+
+def fused_backward(actions):
+    """The inverse: each I as a B, each W dropped (same order otherwise)."""
+    return [[Action(a.stage, Kind.B, a.microbatch) if a.kind is Kind.I else a
+             for a in row if a.kind is not Kind.W] for row in actions]
+
+
+SPLIT = [("1f1b", 4, 6, 1, False), ("1f1b", 4, 6, 1, True), ("gpipe", 3, 2, 1, True),
+         ("interleaved_1f1b", 2, 4, 2, True), ("interleaved_1f1b", 1, 2, 2, False),
+         ("zb_h1", 4, 6, None, False), ("zb_h2", 3, 5, None, False),
+         ("zbv", 2, 4, None, False)]  # the zero-bubble generators' own I and W
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name, p, m, v, defer", SPLIT)
+def test_split_schedules_on_the_clock_the_ledger_and_the_trace(name, p, m, v, defer):
+    """I and W run as their own actions: the trace has each, labelled (2I0, 2W0), in the
+    list's order; the clock is dry_run's with the measured F, I and W durations, to the
+    nanosecond; I + W of a stage lasts its B. The ledger replays the list: F charges the
+    stage's activations, I gives back all but W's records, W the rest; those are, per
+    micro-batch of b = 2 sequences, (8h + 2f)·s·b + 4h elements a block, the head's
+    (s·b·(h + V) + 2h) on the last stage and the embedding step's s·b·h (+ two int64 [s, b])
+    on the first, in float64. Inside an I the ledger may pass the replay (a record's dy
+    is charged before the forward's records it replaces are freed), by less than the
+    stage's W records."""
+    topology = mp.Topology.single_node(p, device=SLOW)
+    base = schedule(name, p, m, v)
+    S = validate_schedule(base).stages
+    cfg = CFG.with_(num_layers=S + 1, dropout=0.1)
+    actions = split_backward(base, defer)
+    res = run_step(cfg, actions, topology)
+    fused = run_step(cfg, fused_backward(actions), topology)  # each I W pair as one B
+    d = {"F": {}, "I": {}, "W": {}}
+    for (_, events, *_), (_, fused_events, *_) in zip(res, fused):
+        acts = actions_of(events)
+        row = actions[acts[0].meta["pipeline_rank"]]
+        assert [e.label for e in acts] == [str(a) for a in row]
+        for e in acts:
+            d[e.meta["kind"]].setdefault(e.meta["stage"], e.duration)
+            assert abs(e.duration - d[e.meta["kind"]][e.meta["stage"]]) < 1e-15
+        for e in actions_of(fused_events):
+            if e.meta["kind"] == "B":  # t_B = t_I + t_W
+                s = e.meta["stage"]
+                assert abs(e.duration - d["I"][s] - d["W"][s]) < 1e-12
+    nbytes = cfg.seq_len * 2 * cfg.hidden * 8
+    link = cost.p2p_time(nbytes, topology.link(0, 1)) if p > 1 else 0
+    predicted = dry_run(lower(actions), {k: [d[k][s] for s in range(S)] for k in d}, link)
+    for r, (runner, events, peak, after, _) in enumerate(res):
+        assert abs(runner.last_step.schedule_end - predicted.finish[r]) < 1e-9
+        assert after == 0
+        held, f_bytes, w_bytes, replay = 0, {}, {}, []
+        for e in actions_of(events):
+            kind, s, now = e.meta["kind"], e.meta["stage"], e.meta["activations"]
+            if kind == "F":
+                f_bytes.setdefault(s, now - held)
+            if kind == "I":
+                w_bytes.setdefault(s, now - held + f_bytes[s])
+            held += {"F": f_bytes[s], "I": w_bytes.get(s, 0) - f_bytes[s],
+                     "W": -w_bytes.get(s, 0)}[kind]
+            replay.append(held)
+            assert now == held, e.label
+        # inside an I, a record's dy is held before the forward records it replaces are
+        # freed: the peak passes the replay's by at most one stage's W records
+        assert max(replay) <= peak <= max(replay) + max(w_bytes.values())
+        h, f, V, sb = cfg.hidden, cfg.ffn, cfg.vocab_size, cfg.seq_len * 2
+        for s, got in w_bytes.items():
+            blocks = (cfg.num_layers // S + (s < cfg.num_layers % S))
+            want = blocks * ((8 * h + 2 * f) * sb + 4 * h) * 8
+            want += ((sb * (h + V) + 2 * h) * 8) if s == S - 1 else 0
+            want += (sb * h * 8 + 2 * sb * 8) if s == 0 else 0
+            assert got == want, (s, got, want)
+
+
+def test_an_overlapped_pair_runs_its_forward_then_its_backward():
+    """DualPipeV's (sF i; tB j) items: each half is its own event, in that order, tagged
+    with the pair; the rank's events are the schedule's actions read through its pairs."""
+    actions = schedule("dualpipev", 2, 4)
+    for _, events, *_ in run_step(CFG.with_(num_layers=4), actions):
+        acts = actions_of(events)
+        row = actions[acts[0].meta["pipeline_rank"]]
+        assert [e.label for e in acts] == [str(a) for item in row for a in parts(item)]
+        paired = [e for e in acts if "pair" in e.meta]
+        assert paired and len(paired) == 2 * sum(isinstance(i, OverlapFB) for i in row)
+        for first, second in zip(paired[::2], paired[1::2]):
+            assert first.meta["pair"] == second.meta["pair"] == f"({first.label};" \
+                f"{second.label})OVERLAP_F_B" and first.end <= second.start
+
+
+@pytest.mark.timeout(60)
+def test_dualpipev_on_the_clock_is_the_dry_runs_with_a_pair_lasting_its_two_halves():
+    """p = 4, m = 10: with nothing for one half to hide behind the other (no all-to-all in
+    this model), a pair lasts t_F + t_B on the runner's clock, and the dry run given
+    t_F&B = that sum (per stage of the pair's forward: each forward stage has one
+    partner) predicts every rank's end of schedule to the nanosecond, the p2p messages
+    on their own stream included."""
+    p, m = 4, 10
+    actions = schedule("dualpipev", p, m)
+    topology = mp.Topology.single_node(p, device=SLOW)
+    res = run_step(CFG.with_(num_layers=2 * p), actions, topology)
+    d: dict = {k: {} for k in ("F", "B", "I", "W", "F&B")}
+    for _, events, *_ in res:
+        halves: dict = {}
+        for e in actions_of(events):
+            if "pair" in e.meta:
+                halves.setdefault(e.meta["pair"], []).append(e)
+                continue
+            d[e.meta["kind"]].setdefault(e.meta["stage"], e.duration)
+            assert abs(e.duration - d[e.meta["kind"]][e.meta["stage"]]) < 1e-15
+        for f, b in halves.values():
+            d["F&B"].setdefault(f.meta["stage"], f.duration + b.duration)
+            assert abs(f.duration + b.duration - d["F&B"][f.meta["stage"]]) < 1e-15
+    assert d["F&B"]  # the schedule has pairs
+    link = cost.p2p_time(CFG.seq_len * 2 * CFG.hidden * 8, topology.link(0, 1))
+    table = {k: [v.get(s, 0.0) for s in range(2 * p)] for k, v in d.items()}
+    predicted = dry_run(lower(actions), table, link)
+    assert predicted.makespan > 1e-4  # a nanosecond is less than 1e-5 of it
+    for r, (runner, *_) in enumerate(res):
+        assert abs(runner.last_step.schedule_end - predicted.finish[r]) < 1e-9

@@ -28,7 +28,7 @@ from minipar.data.batches import split_microbatches
 from minipar.nn import GPT
 from minipar.optim import AdamW
 from minipar.parallel.pp import (PipelineRunner, build_stages, placement, schedule,
-                                 split_layers)
+                                 split_layers, validate_schedule)
 
 
 def reference(cfg, batches, m, opt):
@@ -135,6 +135,57 @@ def test_every_schedule_trains_like_one_device(dpkit, data):
     actions = schedule(name, p, m, v)
     ref = reference(cfg, batches, m, dpkit.OPT)
     check(dpkit, ref, pipeline(cfg, batches, actions, dpkit.OPT, layers))
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=12)
+@given(data=st.data())
+def test_split_backward_schedules_train_like_one_device(dpkit, data):
+    """The backward split into I and W (zero-bubble's actions) by the runner: the
+    zero-bubble generators' schedules (once on main), and each drawn schedule with every
+    B replaced by I then W at once, or by I with every W deferred to the end of its
+    rank's list (the W of all m micro-batches pending at once); pp 1..4, m 1..8, 1 or 2
+    chunks, even, uneven and given splits, tied or not, dropout, recomputation: one
+    device's losses, gradients, weights and moments. Stages are placed as the schedule
+    places them (placement(actions)), V-shapes included."""
+    actions, what = dpkit.draw_split_schedule(data)
+    info = validate_schedule(actions)
+    S, m = info.stages, info.microbatches
+    if data.draw(st.booleans(), "layers given as a list"):
+        layers = data.draw(st.lists(st.integers(0, 2), min_size=S, max_size=S)
+                           .filter(lambda c: sum(c) > 0), "layers")
+        L = sum(layers)
+    else:
+        layers, L = None, S + data.draw(st.integers(0, S), "layers beyond one per stage")
+    event(what)
+    cfg = dpkit.tiny_config(
+        num_layers=L, seq_len=4, tie_embeddings=data.draw(st.booleans(), "tied"),
+        dropout=data.draw(st.sampled_from([0.0, 0.1]), "dropout"),
+        recompute=data.draw(st.sampled_from(["none", "selective", "full"]), "recompute"),
+        seed=data.draw(st.integers(0, 2**16), "seed"))
+    batches = dpkit.global_batches(cfg, steps=3, global_batch=m, seed=cfg.seed)
+    check(dpkit, reference(cfg, batches, m, dpkit.OPT),
+          pipeline(cfg, batches, actions, dpkit.OPT, layers))
+
+
+ZERO_BUBBLE_CASES = [("zb_h1", 4, 6, None), ("zb_h2", 3, 5, [2, 0, 1]),
+                     ("zbv", 3, 6, None), ("dualpipev", 2, 4, [1, 0, 2, 1]),
+                     ("dualpipev", 4, 10, None)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name, p, m, layers", ZERO_BUBBLE_CASES)
+def test_the_zero_bubble_schedules_train_like_one_device(dpkit, name, p, m, layers):
+    """ZB-H1, ZB-H2, ZBV and DualPipeV (its overlapped pairs run forward then backward)
+    as the generators write them, V placements read from the schedule, uneven or given
+    splits (an empty stage too), tied embeddings, dropout and selective recomputation."""
+    actions = schedule(name, p, m)
+    S = validate_schedule(actions).stages
+    cfg = dpkit.tiny_config(num_layers=sum(layers) if layers else S + 1, seq_len=4,
+                            tie_embeddings=True, dropout=0.1, recompute="selective", seed=p)
+    batches = dpkit.global_batches(cfg, steps=3, global_batch=m, seed=cfg.seed)
+    check(dpkit, reference(cfg, batches, m, dpkit.OPT),
+          pipeline(cfg, batches, actions, dpkit.OPT, layers))
 
 
 SWEEP = [(name, p, v) for p in (1, 2, 3, 4) for name, v in

@@ -81,7 +81,8 @@ def test_interleaved_holds_its_warm_up_plus_one(pm, chunks):
     (("1f1b", 2.0, 4), "pp >= 1 (an integer), got 2.0"),
     (("gpipe", True, 4), "pp >= 1 (an integer), got True"),
     (("zb", 2, 4), "unknown schedule 'zb'; the schedules are 'gpipe', '1f1b', "
-                   "'interleaved_1f1b'"),
+                   "'interleaved_1f1b', 'zb_h1', 'zb_h2', 'zbv', 'dualpipev'"),
+    (("zbv", 2, 4, 0), "chunks >= 1 (an integer), got 0"),
     (("gpipe", 2, 4, 2), "'gpipe' runs one stage per rank, got chunks=2; for 2 chunks per "
                          "rank use 'interleaved_1f1b'"),
     (("interleaved_1f1b", 4, 6, 2), "microbatches must be a multiple of pp = 4, got 6; use "
@@ -95,4 +96,5 @@ def test_bad_arguments_are_refused_with_the_fix(args, words):
 
 
 def test_every_schedule_is_named():
-    assert sorted(SCHEDULES) == ["1f1b", "gpipe", "interleaved_1f1b"]
+    assert sorted(SCHEDULES) == ["1f1b", "dualpipev", "gpipe", "interleaved_1f1b", "zb_h1",
+                                 "zb_h2", "zbv"]

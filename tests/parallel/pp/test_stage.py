@@ -178,3 +178,29 @@ def test_dropout_draws_counts_what_the_forward_draws(recompute):
         assert (E, D) == (s * b * 8, 2 * s * b * 8 + b * 4 * s * s)
         assert rng.counter[0] == E + cfg.num_layers * D
     assert dropout_draws(CFG, 5, 2) == (0, 0)  # no dropout, no draws
+
+
+def test_a_stage_runs_its_backward_split_and_refuses_w_before_i():
+    """backward_input then backward_weight is backward, bit for bit, on a middle stage; the
+    micro-batch stays in flight until its W; W without I, or twice, is refused."""
+    cfg = GPTConfig(vocab_size=16, seq_len=4, hidden=8, num_heads=2, num_layers=3, seed=2)
+    x = np.random.default_rng(0).standard_normal((4, 2, 8))
+    dy = np.random.default_rng(1).standard_normal((4, 2, 8))
+    got = []
+    for split in (False, True):
+        with mp.device() as ctx:
+            stage = PipelineStage(GPT(cfg), 1, 3, 1, 2)  # block 1 of 3 stages
+            stage.forward(0, x, rng=np.random.default_rng(3))
+            if split:
+                dx = stage.backward_input(0, dy)
+                assert stage.in_flight == [0] and ctx.ledger.held("activations") > 0
+                stage.backward_weight(0)
+                with pytest.raises(ScheduleError, match="W of micro-batch 0, whose I"):
+                    stage.backward_weight(0)
+            else:
+                dx = stage.backward(0, dy)
+            assert stage.in_flight == [] and ctx.ledger.held("activations") == 0
+            got.append((dx, [p.grad.copy() for p in stage.parameters()]))
+    np.testing.assert_array_equal(got[1][0], got[0][0])
+    for a, b in zip(got[1][1], got[0][1]):
+        np.testing.assert_array_equal(a, b)

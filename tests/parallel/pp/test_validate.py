@@ -67,9 +67,16 @@ def test_a_split_backward_needs_i_then_w_and_no_b():
     assert info.split_backward and info.counts == ({"F": 2, "I": 2, "W": 2},) * 2
     _refused(["0F0 0W0 0I0"], "rank 0: 0W0 (compute position 1) comes before 0I0 (position "
                               "2): W (weight gradients) follows I (input gradients)")
-    _refused(["0F0 0F1 0I0 0W0 0B1"], "rank 0 never runs 0I1")
-    _refused(["0F0 0F1 0I0 0W0 0I1 0W1 0B1"], "rank 0: 0B1 runs a full backward where the "
-                                              "schedule splits backwards into I and W")
+    _refused(["0F0 0F1 0I0 0W0 0I1"], "rank 0 never runs 0W1: every (stage, micro-batch) "
+                                      "is computed once per kind (F, and B, or I and W); "
+                                      "write 0W1, or 0B1 alone")
+    _refused(["0F0 0F1 0I0 0W0 0I1 0W1 0B1"], "rank 0: 0B1 runs a full backward of "
+                                              "micro-batch 1 on stage 0, which its I or W also "
+                                              "computes: one of 0B1, or 0I1 and 0W1")
+    # each (stage, micro-batch) chooses (DualPipeV runs some backwards whole, some split)
+    mixed = validate_schedule(parse_schedule(["0F0 0F1 0I0 0B1 0W0"]))
+    assert mixed.split == {(0, 0)} and mixed.split_backward
+    assert mixed.counts == ({"B": 1, "F": 2, "I": 1, "W": 1},)
     # I of stage s waits for I (not B) of stage s + 1
     _refused(["0F0 0I0 0W0", "1F0 1W0 1I0"], "rank 1: 1W0 (compute position 1) comes before 1I0")
 
