@@ -28,6 +28,7 @@ from . import __version__
 from .course import find_lesson, grade
 from .course.grading import TIME_LIMIT
 from .data import load_corpus
+from .parallel.pp import SCHEDULES, ScheduleError, own_chunks, schedule
 from .programs import lessons, train_report
 from .programs.incidents import INCIDENTS, get
 from .programs.tour import MAX_MEGABYTES, run_tour, tour_nbytes
@@ -108,7 +109,6 @@ _width = _number(int, 0, True, "a positive number of columns", maximum=1000,
                  why=" columns")
 _pp = _number(int, 0, True, "a positive integer", maximum=64,
               why=" simulated devices (one thread each)")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
 def _output_path(text: str) -> str:
@@ -187,25 +187,39 @@ def _check_train_flags(args: argparse.Namespace, warmup: int) -> None:
 
 
 def _check_pipeline_flags(args: argparse.Namespace) -> None:
-    """--pp, --schedule, --chunks: the schedule's and the split's rules, in flag names."""
+    """--pp, --schedule, --chunks: the schedule's and the split's rules, in flag names. The
+    schedule's own rules (its chunks, its micro-batches) are not restated here: the
+    schedule is built, and what it refuses is said in flag names (_in_flags)."""
     if args.pp == 1 and (args.schedule is not None or args.chunks is not None):
         args.parser.error("--schedule and --chunks shape a pipeline: give --pp N (N > 1 "
                           "simulated devices), or leave them out to train on one device")
-    chunks, name = args.chunks or 1, args.schedule or "1f1b"
-    if chunks > 1 and name != "interleaved_1f1b":
-        args.parser.error(f"--chunks {chunks} puts {chunks} stages on each rank, which only "
-                          f"--schedule interleaved_1f1b runs ({name} runs one)")
+    name = args.schedule or "1f1b"
+    chunks = args.chunks or own_chunks(name)
+    if args.pp > 1:
+        try:
+            schedule(name, args.pp, args.micro_batches, args.chunks)
+        except ScheduleError as e:
+            args.parser.error(f"--schedule {name} --pp {args.pp} --micro-batches "
+                              f"{args.micro_batches}" + (f" --chunks {args.chunks}" if
+                                                         args.chunks else "") +
+                              f": {_in_flags(str(e))}")
     if args.pp * chunks > args.layers:
         args.parser.error(f"--pp {args.pp} x --chunks {chunks} = {args.pp * chunks} stages "
                           f"need at least {args.pp * chunks} --layers (one block each), got "
                           f"{args.layers}")
-    if name == "interleaved_1f1b" and args.micro_batches % args.pp:
-        args.parser.error(f"--schedule interleaved_1f1b groups micro-batches by the pipeline "
-                          f"size: --micro-batches must be a multiple of --pp {args.pp}, got "
-                          f"{args.micro_batches}")
     if args.pp > 1 and args.dtype == "float16":
         args.parser.error("--dtype float16 needs loss scaling, which the pipeline's engine "
                           "does not do: use --dtype bfloat16 (float32's range) or float32")
+
+
+def _in_flags(text: str) -> str:
+    """A ScheduleError's advice in the command's flags: microbatches = 4 -> --micro-batches
+    4, chunks=2 -> --chunks 2, pp = 4 -> --pp 4, 'zbv' -> --schedule zbv."""
+    text = re.sub(r"\bmicrobatches( = | )", r"--micro-batches ", text)
+    text = re.sub(r"\bchunks=(\d+)", r"--chunks \1", text)
+    text = re.sub(r"\bleave chunks out\b", "leave --chunks out", text)
+    text = re.sub(r"\bpp = (\d+)", r"--pp \1", text)
+    return re.sub(r"'(%s)'" % "|".join(map(re.escape, SCHEDULES)), r"--schedule \1", text)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -217,7 +231,7 @@ def _train(args: argparse.Namespace) -> int:
                           num_layers=args.layers, hidden=args.hidden, num_heads=args.heads,
                           lr=args.lr, warmup_steps=warmup, min_lr=args.lr / 10,
                           dtype=args.dtype, seed=args.seed, pp=args.pp,
-                          schedule=args.schedule or "1f1b", chunks=args.chunks or 1)
+                          schedule=args.schedule or "1f1b", chunks=args.chunks)
     except ValueError as e:  # anything TrainConfig refuses that the checks above missed
         args.parser.error(str(e))
     progress = None if args.quiet else train_report.Progress(sys.stderr, cfg.log_every)
@@ -344,10 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--pp", metavar="N", type=_pp, default=1,
                     help="pipeline stages, one simulated device each, at most 64; "
                          "--micro-batches is then the pipeline's m (1: one device)")
-    tr.add_argument("--schedule", choices=SCHEDULES, default=None, metavar="NAME",
-                    help="gpipe | 1f1b | interleaved_1f1b: the pipeline's schedule (1f1b)")
+    tr.add_argument("--schedule", choices=list(SCHEDULES), default=None, metavar="NAME",
+                    help=" | ".join(SCHEDULES) + ": the pipeline's schedule (1f1b)")
     tr.add_argument("--chunks", metavar="V", type=_positive_int, default=None,
-                    help="stages per rank, interleaved_1f1b only (1)")
+                    help="stages per rank: any for interleaved_1f1b, 2 (implied) for the V "
+                         "schedules zbv and dualpipev, 1 for the others (the schedule's own)")
     tr.add_argument("--sample", type=_sample, default=0, metavar="N",
                     help="print N characters generated by the trained model, at most "
                          "100,000 (0)")

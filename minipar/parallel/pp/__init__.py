@@ -5,6 +5,7 @@ Read in this order (docs/pipeline_parallel.md):
                   .pipelining; the kinds F, B, I, W and SEND_F, RECV_F, SEND_B, RECV_B;
                   OverlapFB, an overlapped (F; B) pair, `(0F7;7B3)OVERLAP_F_B`
     schedules.py  schedule(name, pp, microbatches, chunks): GPipe, 1F1B, interleaved 1F1B,
+                  own_chunks(name) (2 in a V, else 1),
                   one ordered list of compute actions per pipeline rank, and the registry
     zero_bubble.py  ZB-H1, ZB-H2, ZB-V: the backward split into I and W (docs/zero_bubble.md)
     dualpipe.py   DualPipeV: two chunks a rank in a V, overlapped F&B pairs
@@ -32,7 +33,7 @@ from .dualpipe import dualpipev
 from .dry_run import DryRun, Span, check_deadlock, dry_run, peak_in_flight
 from .lowering import Message, lower, message
 from .runner import PipelineRunner, StepTimes
-from .schedules import SCHEDULES, gpipe, interleaved_1f1b, one_f_one_b, schedule
+from .schedules import SCHEDULES, gpipe, interleaved_1f1b, one_f_one_b, own_chunks, schedule
 from .stage import (DropoutStream, PipelineStage, RankStages, build_stages, dropout_draws,
                     split_layers)
 from .validate import ScheduleDeadlockError, ScheduleInfo, validate_schedule
@@ -43,7 +44,8 @@ from .zero_bubble import zb_h1, zb_h2, zbv
 __all__ = ["Action", "Kind", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OverlapFB", "OVERLAP_F_B",
            "parts", "parse_action", "zb_h1", "zb_h2", "zbv", "dualpipev",
            "COMPUTE", "COMMUNICATION", "ScheduleError", "ScheduleDeadlockError", "parse_schedule",
-           "format_schedule", "placement", "schedule", "SCHEDULES", "gpipe", "one_f_one_b",
+           "format_schedule", "placement", "schedule", "own_chunks", "SCHEDULES", "gpipe",
+           "one_f_one_b",
            "interleaved_1f1b", "validate_schedule", "ScheduleInfo", "lower", "message",
            "Message", "dry_run", "DryRun", "Span", "check_deadlock", "peak_in_flight",
            "PipelineStage", "RankStages", "split_layers", "build_stages", "dropout_draws",
