@@ -11,7 +11,8 @@ Read in this order (docs/pipeline_parallel.md):
     dualpipe.py   DualPipeV: two chunks a rank in a V, overlapped F&B pairs
     validate.py   the rules any schedule obeys, checked, with the rank and action that break one
     lowering.py   the sends and receives derived from the compute actions, in an order
-                  that cannot deadlock under rendezvous sends; the message each one moves
+                  that cannot deadlock under rendezvous sends; the message each one moves;
+                  pair_overlap: the messages a pair times per half
     dry_run.py    the lowered lists run on a clock: makespan, idle time, both bubble
                   fractions, the activations each rank holds; deadlocks reported first
     stage.py      PipelineStage: blocks lo..hi of a GPT (the first embeds, the last computes
@@ -31,7 +32,7 @@ from .actions import (B, COMMUNICATION, COMPUTE, F, I, OVERLAP_F_B, RECV_B, RECV
                       parse_schedule, parts, placement)
 from .dualpipe import dualpipev
 from .dry_run import DryRun, Span, check_deadlock, dry_run, peak_in_flight
-from .lowering import Message, lower, message
+from .lowering import Message, lower, message, pair_overlap
 from .runner import PipelineRunner, StepTimes
 from .schedules import SCHEDULES, gpipe, interleaved_1f1b, one_f_one_b, own_chunks, schedule
 from .stage import (DropoutStream, PipelineStage, RankStages, build_stages, dropout_draws,
@@ -47,6 +48,7 @@ __all__ = ["Action", "Kind", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OverlapFB"
            "format_schedule", "placement", "schedule", "own_chunks", "SCHEDULES", "gpipe",
            "one_f_one_b",
            "interleaved_1f1b", "validate_schedule", "ScheduleInfo", "lower", "message",
+           "pair_overlap",
            "Message", "dry_run", "DryRun", "Span", "check_deadlock", "peak_in_flight",
            "PipelineStage", "RankStages", "split_layers", "build_stages", "dropout_draws",
            "DropoutStream", "PipelineRunner", "StepTimes"]
