@@ -376,9 +376,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _lesson_numbers_after_flags(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                                extra: list[str]) -> None:
+    """`minipar lessons build --force 06`: argparse ends the NN list at the first flag, so
+    numbers after a flag come back unparsed; they are lesson numbers, anything else is an
+    error as parse_args would have made it."""
+    if getattr(args, "command", None) != "lessons" or any(e.startswith("-") for e in extra):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        args.numbers = list(args.numbers) + [_lesson_number(e) for e in extra]
+    except argparse.ArgumentTypeError as e:
+        args.parser.error(f"argument NN: {e}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _lesson_numbers_after_flags(parser, args, extra)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -21,7 +21,8 @@ IDS = [lesson.name for lesson in LESSONS]
 
 
 def test_the_course_has_its_lessons():
-    assert [lesson.number for lesson in LESSONS][:6] == ["00", "01", "02", "03", "04", "05"]
+    assert [lesson.number for lesson in LESSONS][:7] == ["00", "01", "02", "03", "04", "05",
+                                                         "06"]
 
 
 @pytest.mark.timeout(60)
@@ -163,6 +164,10 @@ def test_build_keeps_a_learners_edited_exercise_unless_forced(tmp_path, monkeypa
     assert (lesson_dir / "exercise.py").read_text() == "my answers\n"
     assert [r.status for r in build_exercises(check=True)] == ["differs"]
     assert main(["lessons", "build", "--check"]) == 1
+    assert main(["lessons", "build", "--check", "09"]) == 1  # a number after the flag
+    assert main(["lessons", "build", "--force", "9"]) == 0
+    assert (lesson_dir / "exercise.py").read_text() != "my answers\n"
+    (lesson_dir / "exercise.py").write_text("my answers\n")
     assert [r.status for r in build_exercises(force=True)] == ["written"]
     assert find_lesson("9").title == "Lesson 09 — Demo" and find_lesson("9").summary == "One line."
 
@@ -178,6 +183,12 @@ def test_the_lessons_command_lists_and_opens(capsys):
         assert str(find_lesson("01").path(which)) in out
     assert main(["lessons", "open", "77"]) == 2
     assert "no lesson '77'" in capsys.readouterr().err
+    for bad, says in ((["lessons", "build", "--check", "x"], "expected a lesson number"),
+                      (["lessons", "build", "--check", "01", "--bogus"], "unrecognized"),
+                      (["grade", "01", "02"], "unrecognized arguments: 02")):
+        with pytest.raises(SystemExit) as stop:
+            main(bad)
+        assert stop.value.code == 2 and says in capsys.readouterr().err
 
 
 def test_grade_reports_rank_expected_received_and_the_smallest_case(tmp_path, capsys):

@@ -111,6 +111,34 @@ STAGE_16 = 72 * 2 * 2048 * 16 * 6144**2 * (1 + 2048 / (6 * 6144)) / PEAK
 T_LAYER = 72 * 2 * 2048 * 6144**2 * (1 + 2048 / (6 * 6144)) / PEAK
 T_HEAD = 6 * 2 * 2048 * 6144 * 128256 / PEAK
 
+# lesson 06: a layer of that model split into F, I and W at the bf16 peak
+T_F6 = (24 * 6144 + 4 * 2048) * 2 * 2048 * 6144 / PEAK
+T_I6 = (24 * 6144 + 8 * 2048) * 2 * 2048 * 6144 / PEAK
+T_W6 = 24 * 2 * 2048 * 6144**2 / PEAK
+BLOCK_6144 = 12 * 6144**2 + 13 * 6144
+ZB_T = 10 * 16 + 5 * (5 + 11 - 8)  # ZB-H1's step at p = 6, m = 10, t_F 5, t_I 7, t_W 4
+
+
+def dv_pairs(p, m, r):
+    """DualPipeV's overlapped pairs on rank r: 2(m - 2p + r + 1) in its steady step (the
+    last rank's first unpaired), p - r - 1 after it."""
+    return 2 * (m - 2 * p + r + 1) - (r == p - 1) + (p - r - 1)
+
+
+# DualPipeV at pp = 16, m = 40 with the all-to-all of q51: rank 0's compute, the bubble
+DV_BUSY0 = dv_pairs(16, 40, 0) * 9 + (80 - dv_pairs(16, 40, 0)) * (6 + 9)
+DV_BUBBLE = 15 * (9 + 9 - 3 * 2.5)
+
+
+def dv_bubble(p, m, t=2):
+    """DualPipeV at F = I = W = t, B = F&B = 2t: idle (p - 1)(F&B + B - 3W) less
+    (p - 2 - r)(F + B - F&B) on rank r; busy 2m(F + B) less each pair's F + B - F&B."""
+    idle = [(p - 1) * t - max(0, p - 2 - r) * t for r in range(p)]
+    busy = [2 * m * 3 * t - dv_pairs(p, m, r) * t for r in range(p)]
+    if len({i + b for i, b in zip(idle, busy)}) != 1:
+        raise AssertionError("every rank's busy + idle is the one makespan")
+    return sum(idle) / sum(busy)
+
 
 def flow_shop(T, m):
     """GPipe with uneven stages, t_B = 2 t_F on each: sum T + (m - 1) max T."""
@@ -363,6 +391,68 @@ EXPECTED = {
                 whole_gb=48 * A_SEL / 1e9, inter1_gb=(1 + 5 / 24) * 48 * A_SEL / 1e9,
                 inter2_gb=(1 + 5 / 48) * 48 * A_SEL / 1e9, factor1=1 + 5 / 24,
                 factor2=1 + 5 / 48, last_gb=STAGE_8 / 1e9),
+    # -- lesson 06 --
+    # a block's F, I, W: (24h + 4s)bsh, (24h + 8s)bsh, 24bsh^2 (Qi et al. 2023, Table 1)
+    # W's records: x and dy of qkv, proj, fc1, fc2 (16sbh) and the LayerNorms' [h] pairs
+    "q45": dict(s=2048, b=2, h=6144, a=64, sim_s=7, sim_b=3, sim_h=10, rec_tok=16,
+                w_mb=2 * (16 * SBH_PP + 4 * 6144) / 1e6, f_mb=A_SEL / 1e6, lin=24, core_f=4,
+                core_i=8, core_w=0, fc1_gflop=8 * 2 * 2048 * 6144**2 / 1e9,
+                t_f_ms=T_F6 * 1e3, t_i_ms=T_I6 * 1e3, t_w_ms=T_W6 * 1e3,
+                w_share=24 * 6144 / (48 * 6144 + 8 * 2048)),
+    # 1F1B (p - 1)(t_F + t_B), ZB-H1 (p - 1)(t_F + t_B - 2t_W); steps m(t_F + t_B) + idle
+    "q46": dict(p=6, m=10, t_ms=3, t_f_ms=5, t_i_ms=7, t_w_ms=4, eq_f1b_idle=5 * 9,
+                eq_f1b_ms=10 * 9 + 5 * 9, eq_zb_idle=5 * 3, eq_zb_ms=10 * 9 + 5 * 3,
+                eq_ratio=1 / 3, t_b_ms=11, f1b_idle=5 * 16, zb_idle=5 * (5 + 11 - 8),
+                ratio=(5 + 11 - 8) / 16, f1b_peaks="6, 5, 4, 3, 2, 1",
+                zb_peaks="6, 6, 6, 6, 6, 6"),
+    # t_W > t_F: the formula undercounts; the clock idles (p - 1) t_F here
+    "q47": dict(p=6, m=12, t_f_ms=5, t_i_ms=4, t_w_ms=7, s=2048, h=6144, t_b_ms=11,
+                formula_ms=5 * (5 + 11 - 14), clock_ms=5 * 5, f1b_ms=5 * 16,
+                block_ratio=24 * 6144 / (24 * 6144 + 4 * 2048)),
+    # ZB-H2 at equal t: period 3mt, flushed 3mt + (p - 1)t, 2p - 1 in flight
+    "q48": dict(p=6, m=12, t_ms=9, t_f_ms=5, t_i_ms=7, t_w_ms=4, **PP_GIVEN, h2_idle=5 * 9,
+                h2_ms=3 * 12 * 9 + 5 * 9, h2_period=3 * 12 * 9, h2_steady=0.0,
+                h1_steady=5 / (3 * 12), h1_peak=6, h2_peak=11, per_stage=8,
+                stage_gb=STAGE_8 / 1e9, h1_gb=6 * STAGE_8 / 1e9, h2_gb=11 * STAGE_8 / 1e9,
+                mem_ratio=11 / 6, h1_uneven=5 * (5 + 11 - 8) / (12 * 16),
+                h2_uneven=lambda v: 0 < v < 5 * (5 + 11 - 8) / (12 * 16)),
+    # ZB-V: 2p stages of L/(2p) layers; (p - 1)t against 1F1B's (p - 1)6t; 4m(p - 1) sends
+    "q49": dict(p=6, m=14, t_ms=3, layers=48, rank0="0 and 11", last="5 and 6",
+                chunk_layers=4, v_idle=5 * 3, f1b_idle=5 * 18, v_ratio=1 / 6, v_steady=0.0,
+                v_chunks=12, v_worth=6, f1b_peak=6, v_sends=4 * 14 * 5, f1b_sends=2 * 14 * 5,
+                send_ratio=2.0),
+    # DualPipe's README: (PP/2 - 1)(F&B + B - 3W), less by (p - 2 - r)(F + B - F&B) on
+    # rank r < p - 2; PP + 1 activations; two stages of L/PP layers a device
+    "q50": dict(p=4, m=10, t_ms=3, fb_ms=7, **PP_GIVEN, pp_stages=8,
+                formula_ms=3 * (7 + 6 - 9), dv_worst=12, dv_idles=", ".join(
+                    str(12 - max(0, 4 - 2 - r) * (3 + 6 - 7)) for r in range(4)),
+                f1b_idle=7 * 9, zb_idle=7 * 3, dv_peak=9, f1b_peak=8, stage_layers=6,
+                dv_act_gb=9 * 6 * A_SEL / 1e9, f1b_act_gb=8 * 6 * A_SEL / 1e9,
+                stage_b=6 * BLOCK_6144 / 1e9, stage_gb=16 * 6 * BLOCK_6144 / 1e9,
+                two_gb=2 * 16 * 6 * BLOCK_6144 / 1e9, v_total_gb=8 * 16 * 6 * BLOCK_6144 / 1e9,
+                bi_total_gb=16 * 16 * 6 * BLOCK_6144 / 1e9),
+    # all-to-all c = t_F (1:1) in F and in I: 1F1B (m + p - 1)(F + B), ZB-H1 m(F + I + W)
+    # + (p - 1)(F + I - W); DualPipeV between rank 0's busy time and that plus the README's
+    # bubble (chunks: F 6, I 6.5, W 2.5, B 9, F&B 9)
+    "q51": dict(pp=16, m=40, t_f_ms=6, t_i_ms=7, t_w_ms=5, ratio=1, c_ms=6,
+                f1b_ms=55 * (12 + 18), zb_ms=40 * 30 + 15 * (12 + 13 - 5), free_ms=55 * 18,
+                compute_ms=40 * 18, dv_ms=lambda v: DV_BUSY0 < v <= DV_BUSY0 + DV_BUBBLE,
+                speedup=lambda v: 1650 / (DV_BUSY0 + DV_BUBBLE) <= v < 1650 / DV_BUSY0,
+                over_free=lambda v: DV_BUSY0 / 990 - 1 < v <= (DV_BUSY0 + DV_BUBBLE) / 990 - 1,
+                pairs_first=dv_pairs(16, 40, 0), pairs_last=dv_pairs(16, 40, 15), forwards=80),
+    # flushed 3mt + (p - 1)t against the period 3mt (ZB-V: (p - 1)t/2 per chunk)
+    "q52": dict(p=8, m=24, t_ms=4, h2_ms=3 * 24 * 4 + 7 * 4, h2_period=3 * 24 * 4,
+                h2_cost=7 / (3 * 24), h1_bubble=7 / (3 * 24), v_ms=3 * 24 * 4 + 7 * 2,
+                v_period=3 * 24 * 4, v_cost=7 / (2 * 3 * 24), dv_bubble=dv_bubble(8, 24)),
+    # ZB-H1's calls on rank r: r I's, then (I, W) pairs; its last I ends r t_I before rank
+    # 0's, then r + 1 W's follow; DDP's one flat all-reduce (q20), after the W's
+    # the trap: two replicas' local gradients, tens of percent apart
+    "q53": dict(p=6, m=10, t_f_ms=5, t_i_ms=7, t_w_ms=4, sim_dp=2, sim_during_i=0,
+                sim_after_i=1, calls=20, sim_err=lambda v: v > 0.1, sim_gap=lambda v: v > 0.1,
+                missing_at_m=", ".join(str(10 - (10 - r) // 2) for r in range(6)),
+                after_last_i=", ".join(str(r + 1) for r in range(6)),
+                last_i=", ".join(str(ZB_T - 4 - 7 * r) for r in range(6)),
+                last_w=", ".join(str(ZB_T - 4 - 7 * r + 4 * (r + 1)) for r in range(6))),
 }
 
 # numbers an answer may show twice because they are equal by construction
@@ -383,6 +473,11 @@ INHERENT = {
     "q37": [{"m_fix", "fix_peak"}, {"p", "floor_peak"}],  # min(p, m)
     "q41": [{"eager_ms", "isend_ms"}],  # the send mode does not change the clock
     "q44": [{"r0_gb", "whole_gb"}],  # the point: one micro-batch through all L layers
+    "q48": [{"p", "h1_peak"}],  # ZB-H1 holds p on every rank
+    "q49": [{"p", "v_worth", "f1b_peak"}],  # ZB-V's 2p chunks = p; 1F1B's rank 0
+    "q50": [{"pp_stages", "f1b_peak"}, {"formula_ms", "dv_worst"}],  # PP; the README holds
+    "q51": [{"t_f_ms", "c_ms"}],  # the report's 1:1
+    "q52": [{"h2_cost", "h1_bubble"}, {"h2_period", "v_period"}],  # the ramp; the same work
 }
 
 
@@ -391,12 +486,12 @@ def placeholders(fmt):
 
 
 # ---- the bank's shape ------------------------------------------------------------------
-def test_at_least_25_questions_and_4_per_lesson_12_for_pipelines():
+def test_at_least_25_questions_and_4_per_lesson_12_and_8_for_pipelines():
     assert len(bank.QUESTIONS) >= 25
     per_lesson = collections.Counter(q.lesson for q in bank.QUESTIONS)
-    assert set(per_lesson) == {"00", "01", "02", "03", "04", "05"}
+    assert set(per_lesson) == {"00", "01", "02", "03", "04", "05", "06"}
     assert all(count >= 4 for count in per_lesson.values()), per_lesson
-    assert per_lesson["05"] >= 12
+    assert per_lesson["05"] >= 12 and per_lesson["06"] >= 8
     ids = [q.id for q in bank.QUESTIONS]
     assert ids == [f"q{i:02d}" for i in range(1, len(ids) + 1)]
     lessons = [q.lesson for q in bank.QUESTIONS]
@@ -552,6 +647,67 @@ def test_the_tied_embedding_all_reduce_runs_on_the_first_and_last_stage_only():
     runs = bank.tied_run(4)
     assert [count for count, _ in runs] == [1, 0, 0, 1]
     assert {nbytes for count, nbytes in runs if count} == {19 * 8 * 8}
+
+
+def test_the_block_split_is_measured_the_same_at_another_size():
+    """q45's coefficients come from the matmuls a simulated device is charged for; at
+    another (s, b, h) they are the same, and F + I + W is the model-FLOPs count of a layer,
+    72bsh^2(1 + s/(6h)) (Narayanan et al. 2021)."""
+    part = bank.bank_06
+    for s, b, h in ((5, 2, 12), (9, 1, 6)):
+        c = part.split_coefficients(s, b, h)
+        assert c["linear"] == {"F": 24, "I": 24, "W": 24}
+        assert c["core"] == {"F": 4, "I": 8, "W": 0}
+        assert c["fc1"] == {"F": 8, "I": 8, "W": 8}
+        run = part.block_flops(s, b, h)["parts"]
+        assert sum(run.values()) == pytest.approx(72 * b * s * h**2 * (1 + s / (6 * h)))
+
+
+def test_the_zero_bubble_example_data_separate_right_from_common_wrong_formulas():
+    v = VALUES
+    # a layer's W is the shortest of the three, so ZB-H1's formula applies to it
+    q = v["q45"]
+    assert q["t_w_ms"] < q["t_f_ms"] < q["t_i_ms"]
+    # "a third of 1F1B's bubble" holds at equal times only
+    q = v["q46"]
+    assert q["eq_ratio"] == pytest.approx(1 / 3) and q["ratio"] != pytest.approx(1 / 3)
+    # t_W > t_F: the clock idles more than the formula says, still less than 1F1B
+    q = v["q47"]
+    assert q["formula_ms"] < q["clock_ms"] < q["f1b_ms"] and q["block_ratio"] < 1
+    # ZB-H2's zero is back to back at equal times, at fewer than twice ZB-H1's micro-batches
+    q = v["q48"]
+    assert q["h2_steady"] == 0 < q["h2_uneven"] < q["h1_uneven"]
+    assert q["h2_peak"] == 2 * q["p"] - 1 and 1 < q["mem_ratio"] < 2
+    # ZB-V: a sixth of 1F1B's flushed bubble, twice its messages
+    q = v["q49"]
+    assert q["v_ratio"] == pytest.approx(1 / 6) and q["send_ratio"] == 2
+    # DualPipeV: only the last two ranks idle the README's bubble
+    q = v["q50"]
+    idles = [int(x) for x in q["dv_idles"].split(", ")]
+    assert idles[-2:] == [q["formula_ms"]] * 2 and min(idles) < q["formula_ms"]
+    assert q["two_gb"] == pytest.approx(2 * q["stage_gb"])
+    # hiding the all-to-all: DualPipeV beats ZB-H1 and 1F1B, but not a free all-to-all
+    q = v["q51"]
+    assert q["free_ms"] < q["dv_ms"] < q["zb_ms"] < q["f1b_ms"]
+    # a flush costs ZB-H2 exactly ZB-H1's bubble, and ZB-V half of it
+    q = v["q52"]
+    assert q["h2_cost"] == pytest.approx(q["h1_bubble"]) == pytest.approx(2 * q["v_cost"])
+
+
+def test_a_split_backward_is_complete_only_after_its_last_w():
+    """q53 from the lists themselves: on every ZB-H1 rank the last action is a W, and at the
+    m-th backward call (I or W) some W's of the step have not run. minipar's DDP under a
+    split backward reduces after W, as many times as fused, to the same bits."""
+    run = bank.bank_06.ddp_split_run(VALUES["q53"]["sim_dp"])
+    assert run["during_i"] == 0 and run["after_i"] == run["fused"] >= 1 and run["diff"] == 0
+    assert run["trap_reduces"] == 0 and min(run["trap_err"], run["trap_gap"]) > 0.1
+    from minipar.parallel.pp import Kind, schedule
+    p, m = VALUES["q53"]["p"], VALUES["q53"]["m"]
+    for row in schedule("zb_h1", p, m):
+        assert row[-1].kind == Kind.W
+        calls = [a for a in row if a.kind in (Kind.I, Kind.W)]
+        assert len(calls) == 2 * m
+        assert sum(a.kind == Kind.W for a in calls[:m]) < m
 
 
 # ---- the command ---------------------------------------------------------------------------
