@@ -28,13 +28,13 @@ from . import __version__
 from .course import find_lesson, grade
 from .course.grading import TIME_LIMIT
 from .data import load_corpus
-from .parallel.pp import SCHEDULES, ScheduleError, own_chunks, schedule
+from .parallel.pp import SCHEDULES
 from .programs import lessons, train_report
 from .programs.incidents import INCIDENTS, get
 from .programs.tour import MAX_MEGABYTES, run_tour, tour_nbytes
 from .programs.train import TrainConfig, generate, train
 from .programs.train_pipeline import train_pipeline
-from .programs.train_checks import TrainingDiverged, TrainingRefused
+from .programs.train_checks import TrainingDiverged, TrainingRefused, pipeline_flag_error
 
 
 def _tour(args: argparse.Namespace) -> int:
@@ -187,39 +187,12 @@ def _check_train_flags(args: argparse.Namespace, warmup: int) -> None:
 
 
 def _check_pipeline_flags(args: argparse.Namespace) -> None:
-    """--pp, --schedule, --chunks: the schedule's and the split's rules, in flag names. The
-    schedule's own rules (its chunks, its micro-batches) are not restated here: the
-    schedule is built, and what it refuses is said in flag names (_in_flags)."""
-    if args.pp == 1 and (args.schedule is not None or args.chunks is not None):
-        args.parser.error("--schedule and --chunks shape a pipeline: give --pp N (N > 1 "
-                          "simulated devices), or leave them out to train on one device")
-    name = args.schedule or "1f1b"
-    chunks = args.chunks or own_chunks(name)
-    if args.pp > 1:
-        try:
-            schedule(name, args.pp, args.micro_batches, args.chunks)
-        except ScheduleError as e:
-            args.parser.error(f"--schedule {name} --pp {args.pp} --micro-batches "
-                              f"{args.micro_batches}" + (f" --chunks {args.chunks}" if
-                                                         args.chunks else "") +
-                              f": {_in_flags(str(e))}")
-    if args.pp * chunks > args.layers:
-        args.parser.error(f"--pp {args.pp} x --chunks {chunks} = {args.pp * chunks} stages "
-                          f"need at least {args.pp * chunks} --layers (one block each), got "
-                          f"{args.layers}")
-    if args.pp > 1 and args.dtype == "float16":
-        args.parser.error("--dtype float16 needs loss scaling, which the pipeline's engine "
-                          "does not do: use --dtype bfloat16 (float32's range) or float32")
-
-
-def _in_flags(text: str) -> str:
-    """A ScheduleError's advice in the command's flags: microbatches = 4 -> --micro-batches
-    4, chunks=2 -> --chunks 2, pp = 4 -> --pp 4, 'zbv' -> --schedule zbv."""
-    text = re.sub(r"\bmicrobatches( = | )", r"--micro-batches ", text)
-    text = re.sub(r"\bchunks=(\d+)", r"--chunks \1", text)
-    text = re.sub(r"\bleave chunks out\b", "leave --chunks out", text)
-    text = re.sub(r"\bpp = (\d+)", r"--pp \1", text)
-    return re.sub(r"'(%s)'" % "|".join(map(re.escape, SCHEDULES)), r"--schedule \1", text)
+    """--pp, --schedule, --chunks: the schedule's and the split's rules, in flag names
+    (programs/train_checks.pipeline_flag_error builds the schedule and says what it refuses)."""
+    error = pipeline_flag_error(args.pp, args.schedule, args.chunks, args.micro_batches,
+                                args.layers, args.dtype)
+    if error:
+        args.parser.error(error)
 
 
 def _train(args: argparse.Namespace) -> int:
