@@ -69,7 +69,7 @@ def test_tour_runs_and_reports(tmp_path, capsys):
     sections = [e for e in events if e["ph"] == "i"]
     numbers = [int(s["name"].split(".")[0]) for s in sections]
     assert numbers == sorted(numbers)
-    assert set(numbers) == {1, 2, 3, 4, 6, 7, 8, 9, 10}
+    assert set(numbers) == {1, 2, 3, 4, 6, 7, 8, 9, 10, 11}
     starts = [s["ts"] for s in sections]
     assert starts == sorted(starts) and len(set(starts)) == len(starts)
     xs = [e for e in events if e["ph"] == "X"]
@@ -201,7 +201,7 @@ def test_the_tours_pipeline_part_draws_the_schedule_and_measures_the_bubble():
     from minipar.parallel.pp import Kind, schedule
     from minipar.programs.tour import PARTS
     from minipar.programs.tour.pipeline_parallel import M, PP, pipeline_parallel_part
-    assert PARTS[-1] is pipeline_parallel_part
+    assert PARTS[PARTS.index(pipeline_parallel_part) + 1].__name__ == "zero_bubble_part"
     lines = []
     pipeline_parallel_part(lines.append)
     out = "\n".join(lines)
@@ -218,3 +218,36 @@ def test_the_tours_pipeline_part_draws_the_schedule_and_measures_the_bubble():
     measured, formula, dry = re.search(r"measured: ([\d.]+) %; .* = ([\d.]+) % with equal "
                                        r"stages; .*messages: ([\d.]+) %", out).groups()
     assert measured == dry and formula == f"{100 * (PP - 1) / (M + PP - 1):.1f}"
+
+
+def test_the_tours_zero_bubble_part_runs_the_three_schedules_like_one_device():
+    """Part 11: each schedule drawn from its trace (ZB-H1's I and W, DualPipeV's lower-case
+    second chunk), every loss one device's to the last printed digit, the gradients too,
+    the bubble falling 1F1B > ZB-H1 > DualPipeV in both spellings (idle/ideal =
+    b / (1 - b) of idle/total b), 1F1B's busiest rank holding exactly p micro-batches and
+    ZB-H1 counted at 1F1B's p, DualPipeV at (2p + 1)/2."""
+    from minipar.programs.tour import PARTS
+    from minipar.programs.tour.zero_bubble import PP, zero_bubble_part
+    assert PARTS[-1] is zero_bubble_part
+    lines = []
+    zero_bubble_part(lines.append)
+    out = "\n".join(lines)
+    assert lines[0].startswith("11. Zero-bubble pipelines")
+    drawings = re.split(r"\n   (?:1F1B|ZB-H1|DualPipeV): ", out)[1:]
+    rows = [re.findall(r"^\s+rank \d │(.*)│$", d, re.M) for d in drawings]
+    assert [len(r) for r in rows] == [PP] * 3
+    assert not set("IW") & set("".join(rows[0])) and set("IW") <= set("".join(rows[1]))
+    assert set("fbiw") & set("".join(rows[2]))  # the V's second chunk
+    table = re.findall(r"^   (1F1B|ZB-H1|DualPipeV)\s+([\d.]+) ms\s+([\d.]+) %\s+([\d.]+) %"
+                       r"\s+([\d.]+) \(counted\s+([\d/]+)\)\s+([\d.]+)$", out, re.M)
+    assert [t[0] for t in table] == ["1F1B", "ZB-H1", "DualPipeV"]
+    one = re.search(r"one device's loss ([\d.]+)", out).group(1)
+    assert all(t[6] == one for t in table)
+    assert float(re.search(r"worst relative difference ([\d.e+-]+)", out).group(1)) < 1e-12
+    bubble = [float(t[2]) / 100 for t in table]
+    assert bubble[0] > bubble[1] > bubble[2] > 0
+    for t, b in zip(table, bubble):
+        assert abs(float(t[3]) / 100 - b / (1 - b)) < 2e-3  # printed to 0.1 %
+    assert float(table[0][4]) == PP and [t[5] for t in table] == [str(PP), str(PP),
+                                                                  f"{2 * PP + 1}/2"]
+    assert float(table[0][1]) > float(table[1][1]) > float(table[2][1])  # the step's time

@@ -55,7 +55,7 @@ from ..nn.gpt import GPT
 from ..nn.saved import release_all
 from ..optim import (AdamW, MixedPrecisionOptimizer, WarmupCosine, clip_grad_norm_,
                     no_decay_for)
-from ..parallel.pp import schedule, split_layers
+from ..parallel.pp import own_chunks, schedule, split_layers
 from ..plan import model_flops
 from ..plan.training_memory import TrainingMemory
 from ..runtime.context import device
@@ -87,8 +87,10 @@ class TrainConfig:
     Optimizer: AdamW, lr warmed up linearly from 0 over `warmup_steps`, then cosine down to
     `min_lr` at `steps`; `weight_decay` on matrices and embeddings only; gradients clipped
     to a global norm of `clip` (math.inf: never clip, but still measure the norm).
-    Pipeline: `pp` ranks (1: one device) running `schedule` ("gpipe", "1f1b",
-    "interleaved_1f1b" with `chunks` stages per rank) over the `num_microbatches`.
+    Pipeline: `pp` ranks (1: one device) running `schedule` (a name of minipar.parallel.pp
+    .SCHEDULES: "gpipe", "1f1b", "interleaved_1f1b" with `chunks` stages per rank, the
+    zero-bubble "zb_h1", "zb_h2", and the V schedules "zbv", "dualpipev" with two) over the
+    `num_microbatches`; `chunks` None is the schedule's own (1, or 2 in a V).
     """
 
     steps: int = 200
@@ -108,9 +110,11 @@ class TrainConfig:
     log_every: int = 10
     pp: int = 1
     schedule: str = "1f1b"
-    chunks: int = 1
+    chunks: Optional[int] = None
 
     def __post_init__(self):
+        if self.chunks is None:  # the schedule's own: 1, or 2 in a V
+            object.__setattr__(self, "chunks", own_chunks(self.schedule))
         for name, minimum in (("steps", 1), ("global_batch", 1), ("num_microbatches", 1),
                               ("warmup_steps", 0), ("seed", 0), ("log_every", 1), ("pp", 1),
                               ("chunks", 1)):
@@ -206,7 +210,9 @@ class TrainResult:
     model: GPT = field(repr=False)
     tokenizer: CharTokenizer = field(repr=False)
     world_size: int = 1                  # simulated devices (a pipeline's pp)
-    bubble: float = 0.0                  # the schedule's idle share with equal stages
+    bubble: float = 0.0                  # the schedule's idle share with equal stages:
+    #                                      idle / (p x makespan), a share of the step
+    bubble_over_ideal: float = 0.0       # the same idle / busy: the papers' bubble fraction
 
     @property
     def skipped_steps(self) -> int:

@@ -12,6 +12,11 @@ A configuration that cannot learn is refused too: hidden = 1, where every LayerN
 its one feature to (x - mean) / std = 0, so the model's output is a constant; one step
 whose warmup keeps the learning rate at 0.
 
+`minipar train --pp N --schedule NAME --chunks V`: the schedule is built from the flags
+before anything runs, and what it refuses (a V's two chunks, interleaving's m % p,
+DualPipeV's m >= 2p, ...) is the command's usage error, its advice in flag names
+(pipeline_flag_error): the rules live in the schedules, not restated here.
+
 While it runs, a loss or gradient norm that is inf or nan stops the run at that step
 (`TrainingDiverged`), with the likely cause, before the optimizer writes nan into the
 weights. float16's skipped overflow steps are not divergence: the loss scaler handles them.
@@ -21,8 +26,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Optional
 
+from ..parallel.pp import SCHEDULES, ScheduleError, own_chunks, schedule
 from ..plan.training_memory import TrainingMemory, training_memory
 from ..runtime.ledger import fmt_bytes
 
@@ -120,3 +127,38 @@ def diverged(step: int, steps: int, what: str, value: float, lr: float, dtype: s
     kind = "inf" if math.isinf(value) else "nan"
     return TrainingDiverged(f"training diverged: the {what} became {kind} at step {step} of "
                             f"{steps}. Likely cause: {cause}", step, value)
+
+
+def pipeline_flag_error(pp: int, name: Optional[str], chunks: Optional[int],
+                        microbatches: int, layers: int, dtype: str) -> Optional[str]:
+    """What `minipar train` must refuse in --pp, --schedule, --chunks (None: not given),
+    said in flag names, or None."""
+    if pp == 1 and (name is not None or chunks is not None):
+        return ("--schedule and --chunks shape a pipeline: give --pp N (N > 1 simulated "
+                "devices), or leave them out to train on one device")
+    name = name or "1f1b"
+    if pp > 1:
+        try:
+            schedule(name, pp, microbatches, chunks)
+        except ScheduleError as e:
+            given = f" --chunks {chunks}" if chunks else ""
+            return (f"--schedule {name} --pp {pp} --micro-batches {microbatches}{given}: "
+                    f"{in_flags(str(e))}")
+    stages = pp * (chunks or own_chunks(name))
+    if stages > layers:
+        return (f"--pp {pp} x --chunks {stages // pp} = {stages} stages need at least "
+                f"{stages} --layers (one block each), got {layers}")
+    if pp > 1 and dtype == "float16":
+        return ("--dtype float16 needs loss scaling, which the pipeline's engine does not "
+                "do: use --dtype bfloat16 (float32's range) or float32")
+    return None
+
+
+def in_flags(text: str) -> str:
+    """A ScheduleError's advice in the command's flags: microbatches = 4 -> --micro-batches
+    4, chunks=2 -> --chunks 2, pp = 4 -> --pp 4, 'zbv' -> --schedule zbv."""
+    text = re.sub(r"\bmicrobatches( = | )", r"--micro-batches ", text)
+    text = re.sub(r"\bchunks=(\d+)", r"--chunks \1", text)
+    text = re.sub(r"\bleave chunks out\b", "leave --chunks out", text)
+    text = re.sub(r"\bpp = (\d+)", r"--pp \1", text)
+    return re.sub(r"'(%s)'" % "|".join(map(re.escape, SCHEDULES)), r"--schedule \1", text)

@@ -18,7 +18,9 @@ Accounting: every rank is a simulated H100 with its own clock and ledger. A step
 simulated time is the longest any rank's clock advanced (the pipeline's makespan plus the
 optimizer step); MFU = model FLOPs / (step time x peak x pp), which the bubble bounds: with
 equal stages and free messages a schedule leaves each rank idle (p - 1)/(m + p - 1) of
-the step (GPipe, 1F1B) or (p - 1)/(v·m + p - 1) (interleaved), the `bubble` reported,
+the step (GPipe, 1F1B) or (p - 1)/(v·m + p - 1) (interleaved), less under the zero-bubble
+schedules (ZB-H1, ZB-H2, ZBV, DualPipeV: their W's fill it), the `bubble` reported with
+`bubble_over_ideal`, the same idle over the busy time (the papers' bubble fraction), both
 read from the dry run of the schedule itself. Memory peaks are the busiest rank's.
 """
 
@@ -44,11 +46,18 @@ from .train_checks import TrainingDiverged, check_memory, diverged, host_availab
 from .train_report import peak_label
 
 
-def bubble_of(cfg: TrainConfig) -> float:
-    """The schedule's idle share of a step with equal stages (t_B = 2 t_F), no message cost:
-    (p - 1)/(m + p - 1), or (p - 1)/(v·m + p - 1) interleaved, read from the dry run."""
+EQUAL_STAGES = {"F": 1, "B": 2, "I": 1, "W": 1}  # t_F = t_I = t_W, t_B = t_I + t_W; a pair
+# of DualPipeV with no "F&B" lasts t_F + t_B (dry_run.py: nothing of its compute overlaps)
+
+
+def bubble_of(cfg: TrainConfig) -> tuple[float, float]:
+    """The schedule's idle with equal stages (EQUAL_STAGES), no message cost, read from the
+    dry run, in its two spellings: (idle / (p x makespan), idle / busy). GPipe and 1F1B:
+    ((p - 1)/(m + p - 1), (p - 1)/m); interleaved: v·m in place of m; the zero-bubble
+    schedules less (docs/zero_bubble.md)."""
     acts = schedule(cfg.schedule, cfg.pp, cfg.num_microbatches, cfg.chunks)
-    return float(dry_run(lower(acts), {"F": 1, "B": 2}).bubble_over_total)
+    run = dry_run(lower(acts), EQUAL_STAGES)
+    return float(run.bubble_over_total), float(run.bubble_over_ideal)
 
 
 def train_pipeline(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
@@ -111,6 +120,7 @@ def train_pipeline(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
             raise e.original from None
         raise
     losses, lrs, norms = res[0][0], res[0][1], res[0][2]
+    bubble = bubble_of(cfg)
     model = _assemble(mcfg, [r[4] for r in res])
     ledger_peak = {c: max(r[5][c] for r in res) for c in CATEGORIES}
     ledger_peak = {c: b for c, b in ledger_peak.items() if b}
@@ -125,7 +135,7 @@ def train_pipeline(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
         ledger_peak=ledger_peak, final_loss_scale=1.0, wall_time=time.perf_counter() - wall0,
         device_name=device_name, num_parameters=model.num_parameters(),
         params_summary=_params_summary(model), memory_estimate=memory, model=model,
-        tokenizer=tok, world_size=cfg.pp, bubble=bubble_of(cfg))
+        tokenizer=tok, world_size=cfg.pp, bubble=bubble[0], bubble_over_ideal=bubble[1])
 
 
 def _assemble(mcfg, pieces: list[dict[str, np.ndarray]]) -> GPT:

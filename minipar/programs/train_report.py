@@ -80,7 +80,8 @@ def summary(cfg, r) -> list[str]:
         lines.append(
             f"  pipeline        {cfg.schedule}, pp {cfg.pp}, {cfg.chunks} chunk"
             f"{'s' if cfg.chunks > 1 else ''} per rank: with equal stages a rank idles "
-            f"{100 * r.bubble:.1f} % of a step (the bubble)")
+            f"{100 * r.bubble:.1f} % of a step (the bubble: idle / total; "
+            f"{100 * r.bubble_over_ideal:.1f} % as idle / ideal, the papers' bubble fraction)")
     lines += [
         f"  optimizer       AdamW, lr {cfg.lr:g}, {cfg.warmup_steps} warmup steps, cosine to "
         f"{cfg.min_lr:g}, weight decay {cfg.weight_decay:g}, clip {cfg.clip:g}",

@@ -200,16 +200,19 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
                 sequence_parallel: bool = False, optimizer_cls: type = AdamW,
                 max_grad_norm: Optional[float] = None,
                 groups: Optional[ParallelGroups] = None, schedule: Union[str, list, None] = None,
-                microbatches: Optional[int] = None, chunks: int = 1,
+                microbatches: Optional[int] = None, chunks: Optional[int] = None,
                 layers: Optional[Sequence[int]] = None, **kwargs: Any) -> Parallelized:
     """This rank's model, engine and groups for training `cfg` on the layout `dims` (call it
     on every rank, inside `launch`, with the same arguments). zero / sharding_strategy pick
     the data-parallel engine (default: DDP); kwargs are the optimizer's hyperparameters
     (lr, weight_decay, ...) and the engine's knobs. A pipeline (dims.pp > 1, or a schedule
-    at pp = 1): schedule "gpipe", "1f1b" (default) or "interleaved_1f1b" with `chunks`
-    stages per rank (or the compute schedule itself, one list of actions per pp rank),
-    `microbatches` m a step, `layers` blocks per stage (default: even,
-    the remainder on the first stages)."""
+    at pp = 1): schedule "gpipe", "1f1b" (default), "interleaved_1f1b" with `chunks`
+    stages per rank, the zero-bubble "zb_h1", "zb_h2", or the V schedules "zbv" and
+    "dualpipev" (two stages a rank; any name of minipar.parallel.pp.SCHEDULES), or the
+    compute schedule itself, one list of actions per pp rank; `chunks` None is the
+    schedule's own (1, or 2 in a V); `microbatches` m a step, `layers` blocks per stage
+    (default: even, the remainder on the first stages). The stages sit where the schedule
+    places them (pipeline.py)."""
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"parallelize builds the model itself, split over the mesh: pass the "
                         f"GPTConfig, not a {type(cfg).__name__}")

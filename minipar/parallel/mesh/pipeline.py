@@ -7,8 +7,11 @@
 What crosses forms, answered here (neither pp nor dp knows the other):
 
     which stages a rank holds      pipeline rank = its pp coordinate; the stages the
-                                   schedule's placement gives it (s mod p for the 1F1B
-                                   family; V-shaped schedules place two stages otherwise)
+                                   schedule places on it, read from its lists
+                                   (placement(actions)): stage r for GPipe, 1F1B, ZB-H1
+                                   and ZB-H2, stages r, r + p, ... interleaved, stages r
+                                   and 2p - 1 - r in a V (ZBV, DualPipeV), so that rank 0
+                                   holds the first stage and the last
     which block of each            the m global micro-batches [s, B/m] are cut first, then
     micro-batch it runs            block d of dp of each (groups.batch_shard): the masks are
                                    those of one device running the m micro-batches in order
@@ -56,10 +59,11 @@ _TRANSIENT = (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP,
 
 
 def pipeline_schedule(pp: int, name: Union[str, Schedule, None], microbatches: Optional[int],
-                      chunks: int) -> Optional[Schedule]:
+                      chunks: Optional[int] = None) -> Optional[Schedule]:
     """The compute schedule of every pipeline rank, or None when no pipeline is asked for
     (pp = 1 and neither a schedule nor micro-batches given). `name` may be the schedule
-    itself, one list of compute actions per pipeline rank (validated here)."""
+    itself, one list of compute actions per pipeline rank (validated here). chunks: None
+    is the schedule's own (1, or 2 for the V schedules, which refuse any other)."""
     if isinstance(name, (list, tuple)):
         info = validate_schedule(name)
         if len(name) != pp or microbatches not in (None, info.microbatches):
@@ -67,7 +71,7 @@ def pipeline_schedule(pp: int, name: Union[str, Schedule, None], microbatches: O
                              f"{info.microbatches} micro-batches, but pp = {pp} and "
                              f"microbatches={microbatches}: give matching sizes")
         return [list(row) for row in name]
-    if pp == 1 and name is None and microbatches is None and chunks == 1:
+    if pp == 1 and name is None and microbatches is None and chunks in (None, 1):
         return None
     if microbatches is None:
         raise ValueError(f"a pipeline of pp = {pp} needs microbatches=m, the micro-batches "
@@ -77,18 +81,24 @@ def pipeline_schedule(pp: int, name: Union[str, Schedule, None], microbatches: O
 
 
 def check_tied_on_one_rank(cfg, actions: Schedule, zero, strategy) -> None:
-    """Refuse a tied wte in two units of one rank (pp = 1 with several chunks) under an
-    engine that gathers or frees a unit's weights or gradients between its uses."""
+    """Refuse a tied wte in two units of one rank under an engine that gathers or frees a
+    unit's weights or gradients between its uses: pp = 1 with several chunks, or a V
+    schedule (ZBV, DualPipeV), which puts the first and the last stage on rank 0."""
     where = placement(actions)
-    S = len(where)
+    S, p = len(where), len(actions)
     transient = zero in (2, 3) or strategy in _TRANSIENT
     if cfg.tie_embeddings and S > 1 and where[0] == where[S - 1] and transient:
         what = f"zero={zero}" if zero is not None else strategy.name
+        one_stage = ("chunks=1 at pp=1 (one stage)" if p == 1 else
+                     "a schedule with one stage a rank ('1f1b', 'zb_h1' or 'zb_h2', "
+                     "whose first and last stages sit on two ranks)")
+        where_from = "" if p == 1 else (f" (this schedule places both on pipeline rank "
+                                        f"{where[0]}, as a V does)")
         raise ValueError(
             f"with tied embeddings, stages 0 and {S - 1} on one pipeline rank both use wte, "
-            f"in two units (EMBED and HEAD); {what} gathers or frees a unit's weights and "
-            f"gradients around its own use, and the other unit would find them gone. Use "
-            f"chunks=1 at pp=1 (one stage), tie_embeddings=False, or zero=0 or 1")
+            f"in two units (EMBED and HEAD){where_from}; {what} gathers or frees a unit's "
+            f"weights and gradients around its own use, and the other unit would find them "
+            f"gone. Use tie_embeddings=False, {one_stage}, or zero=0 or 1")
 
 
 def build_rank_stages(model, groups: ParallelGroups, actions: Schedule,

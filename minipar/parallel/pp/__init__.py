@@ -5,12 +5,14 @@ Read in this order (docs/pipeline_parallel.md):
                   .pipelining; the kinds F, B, I, W and SEND_F, RECV_F, SEND_B, RECV_B;
                   OverlapFB, an overlapped (F; B) pair, `(0F7;7B3)OVERLAP_F_B`
     schedules.py  schedule(name, pp, microbatches, chunks): GPipe, 1F1B, interleaved 1F1B,
+                  own_chunks(name) (2 in a V, else 1),
                   one ordered list of compute actions per pipeline rank, and the registry
     zero_bubble.py  ZB-H1, ZB-H2, ZB-V: the backward split into I and W (docs/zero_bubble.md)
     dualpipe.py   DualPipeV: two chunks a rank in a V, overlapped F&B pairs
     validate.py   the rules any schedule obeys, checked, with the rank and action that break one
     lowering.py   the sends and receives derived from the compute actions, in an order
-                  that cannot deadlock under rendezvous sends; the message each one moves
+                  that cannot deadlock under rendezvous sends; the message each one moves;
+                  pair_overlap: the messages a pair times per half
     dry_run.py    the lowered lists run on a clock: makespan, idle time, both bubble
                   fractions, the activations each rank holds; deadlocks reported first
     stage.py      PipelineStage: blocks lo..hi of a GPT (the first embeds, the last computes
@@ -30,9 +32,9 @@ from .actions import (B, COMMUNICATION, COMPUTE, F, I, OVERLAP_F_B, RECV_B, RECV
                       parse_schedule, parts, placement)
 from .dualpipe import dualpipev
 from .dry_run import DryRun, Span, check_deadlock, dry_run, peak_in_flight
-from .lowering import Message, lower, message
+from .lowering import Message, lower, message, pair_overlap
 from .runner import PipelineRunner, StepTimes
-from .schedules import SCHEDULES, gpipe, interleaved_1f1b, one_f_one_b, schedule
+from .schedules import SCHEDULES, gpipe, interleaved_1f1b, one_f_one_b, own_chunks, schedule
 from .stage import (DropoutStream, PipelineStage, RankStages, build_stages, dropout_draws,
                     split_layers)
 from .validate import ScheduleDeadlockError, ScheduleInfo, validate_schedule
@@ -43,8 +45,10 @@ from .zero_bubble import zb_h1, zb_h2, zbv
 __all__ = ["Action", "Kind", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OverlapFB", "OVERLAP_F_B",
            "parts", "parse_action", "zb_h1", "zb_h2", "zbv", "dualpipev",
            "COMPUTE", "COMMUNICATION", "ScheduleError", "ScheduleDeadlockError", "parse_schedule",
-           "format_schedule", "placement", "schedule", "SCHEDULES", "gpipe", "one_f_one_b",
+           "format_schedule", "placement", "schedule", "own_chunks", "SCHEDULES", "gpipe",
+           "one_f_one_b",
            "interleaved_1f1b", "validate_schedule", "ScheduleInfo", "lower", "message",
+           "pair_overlap",
            "Message", "dry_run", "DryRun", "Span", "check_deadlock", "peak_in_flight",
            "PipelineStage", "RankStages", "split_layers", "build_stages", "dropout_draws",
            "DropoutStream", "PipelineRunner", "StepTimes"]

@@ -116,8 +116,9 @@ _PAIR = re.compile(r"\((\S+?);(\S+?)\)" + OVERLAP_F_B)
 
 class OverlapFB(namedtuple("OverlapFB", "forward backward")):
     """An overlapped forward-and-backward pair on one rank (DeepSeek-V3's DualPipe): the F
-    of one chunk and the B (or I) of another run together, as one item of the rank's list,
-    for one duration t_F&B <= t_F + t_B. str() is torch's: `(0F7;7B3)OVERLAP_F_B`."""
+    of one chunk and the B (or I) of another run together, as one item of the rank's list:
+    the F half, then the B half, each one's message overlapping the other's compute, or
+    one block of t_F&B <= t_F + t_B in the dry run. str() is torch's: `(0F7;7B3)OVERLAP_F_B`."""
 
     __slots__ = ()
     kind = OVERLAP_F_B

@@ -3,11 +3,17 @@
 Each rank runs its list in order on two streams, as the runtime's clock does (p2p.py):
 
     F, B, I, W   compute:  start = now,  now += duration[kind][stage]
-    (F; B) pair  compute:  start = now,  now += duration["F&B"][stage of its F]: DualPipe's
-                 t_F&B, the time of the two overlapped chunks; the communication each
-                 hides behind the other's compute (the experts' all-to-all, on a run's
-                 comm stream) is inside that time, and the pair's p2p messages are
-                 sends on the p2p stream like any other
+    (F; B) pair  without "F&B" in durations, its two halves on the compute stream, their
+                 p2p on the p2p stream (lowering.py's pair_overlap, what the runner does):
+                     now = max(now, arrival of its RECV_F);  now += t_F
+                     its SEND_F is posted here, while the B half computes
+                     now = max(now, arrival of its RECV_B);  now += t_B (or t_I)
+                 so the gradient's transfer overlaps the F half and the activations'
+                 the B half; nothing else overlaps (this model has no all-to-all).
+                 With "F&B": start = max(now, both arrivals), now += duration["F&B"][stage
+                 of its F], both sends posted at its end: DualPipe's t_F&B, the time of the
+                 two overlapped chunks, the communication each hides behind the other's
+                 compute (the experts' all-to-all, on a run's comm stream) inside it
     SEND         isend:    start = max(now, p2p),  arrives = start + p2p_cost,  p2p = arrives
     RECV         wait:     now = max(now, arrival of the matching SEND)
     end of list  the rank waits for its sends:  finish = max(now, p2p)
@@ -54,7 +60,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence, Union
 
 from .actions import (B, F, RECV_B, RECV_F, SEND_B, SEND_F, W, Action, OverlapFB, Schedule,
                       ScheduleError, parts)
-from .lowering import Message, message
+from .lowering import Message, message, pair_overlap
 from .validate import ScheduleDeadlockError, ScheduleInfo, validate_schedule
 
 Durations = Mapping[str, Union[Real, Sequence[Real]]]  # "F" -> seconds, or one per stage
@@ -103,11 +109,6 @@ def _table(durations: Durations, kinds: set, S: int) -> dict:
     for kind in sorted(kinds, key=lambda k: getattr(k, "value", k)):
         name = getattr(kind, "value", kind)
         value = durations.get(name, durations.get(kind))
-        if value is None and kind == PAIR:
-            raise ScheduleError(f"durations has no {PAIR!r} but the schedule runs overlapped "
-                                f"pairs: give t_F&B, the seconds of one overlapped forward and "
-                                f"backward (t_F + t_B if nothing overlaps), or one per stage "
-                                f"of the pair's forward")
         if value is None:
             raise ScheduleError(f"durations has no {name!r} but the schedule runs "
                                 f"{name} actions: give seconds, or one per stage")
@@ -222,43 +223,57 @@ def check_deadlock(lowered: Schedule, info: ScheduleInfo) -> list[list]:
 
 def dry_run(lowered: Schedule, durations: Durations,
             p2p: Union[Real, Callable[[Message], Real]] = 0) -> DryRun:
-    """Time lowered lists (lower(schedule(...))): durations per kind ("F", "B", "I", "W")
-    as seconds or one per stage; p2p: seconds per message, or a function of the Message
-    (its src and dst ranks name the link, its kind activations or gradients)."""
+    """Time lowered lists (lower(schedule(...))): durations per kind ("F", "B", "I", "W",
+    and "F&B" for a pair taken as one block) as seconds or one per stage; p2p: seconds per
+    message, or a function of the Message (its src and dst ranks name the link, its kind
+    activations or gradients)."""
     info = validate_schedule(lowered)
     msgs = check_deadlock(lowered, info)
-    table = _table(durations, {PAIR if isinstance(a, OverlapFB) else a.kind
-                               for row in lowered for a in row if a.is_compute}, info.stages)
+    block = PAIR in durations if isinstance(durations, Mapping) else False
+    table = _table(durations, {k for row in lowered for a in row if a.is_compute
+                               for k in ((PAIR,) if block and isinstance(a, OverlapFB)
+                                         else (b.kind for b in parts(a)))}, info.stages)
     cost = p2p if callable(p2p) else (lambda a: p2p)
     if not callable(p2p) and (not isinstance(p2p, Real) or isinstance(p2p, bool) or p2p < 0):
         raise ScheduleError(f"p2p is the seconds one message takes (a number >= 0, or a "
                             f"function of the Message), got {p2p!r}")
     P = len(lowered)
-    now, stream, busy, at = [0] * P, [0] * P, [0] * P, [0] * P
-    spans: list[list[Span]] = [[] for _ in range(P)]
-    arrival: dict[Message, Real] = {}
+    clock = _Clock(P, cost)
+    pairs = [{} if block else pair_overlap(row) for row in lowered]
+    half = [{q: k for k, ends in rank.items() for q in ends if q is not None}
+            for rank in pairs]  # position of a message timed by its pair's half -> the pair
+    at = [0] * P
     while any(at[r] < len(lowered[r]) for r in range(P)):
         for r, row in enumerate(lowered):  # deadlock-free: some rank always moves on
             while at[r] < len(row):
-                a, msg = row[at[r]], msgs[r][at[r]]
-                if msg is None:  # compute
+                k = at[r]
+                a, msg = row[k], msgs[r][k]
+                if msg is None and k in pairs[r]:  # a pair, per half
+                    recv, send = pairs[r][k]
+                    t0 = clock.now[r]
+                    clock.compute(r, table[F][a.forward.stage])
+                    if send is not None:
+                        clock.send(r, send, msgs[r][send], row[send])
+                    if recv is not None:
+                        clock.wait(r, recv, msgs[r][recv], row[recv])
+                    clock.compute(r, table[a.backward.kind][a.backward.stage])
+                    clock.spans[r][k] = Span(a, t0, clock.now[r])
+                elif msg is None:  # compute
                     t = table[PAIR][a.forward.stage] if isinstance(a, OverlapFB) else \
                         table[a.kind][a.stage]
-                    spans[r].append(Span(a, now[r], now[r] + t))
-                    now[r] += t
-                    busy[r] += t
+                    clock.spans[r][k] = Span(a, clock.now[r], clock.now[r] + t)
+                    clock.compute(r, t)
                 elif a.kind is SEND_F or a.kind is SEND_B:
-                    start = max(now[r], stream[r])
-                    stream[r] = start + cost(msg)
-                    arrival[msg] = stream[r]
-                    spans[r].append(Span(a, start, stream[r]))
+                    if k not in half[r]:  # else posted by its pair's F half
+                        clock.send(r, k, msg, a)
                 else:
-                    if msg not in arrival:
+                    if msg not in clock.arrival:
                         break
-                    end = max(now[r], arrival[msg])
-                    spans[r].append(Span(a, now[r], end))
-                    now[r] = end
+                    if k not in half[r]:  # else waited by its pair's B half
+                        clock.wait(r, k, msg, a)
                 at[r] += 1
+    now, stream, busy = clock.now, clock.stream, clock.busy
+    spans = [[row[k] for k in sorted(row)] for row in clock.spans]
     finish = tuple(max(n, s) for n, s in zip(now, stream))
     makespan = max(finish)
     idle = tuple(makespan - b for b in busy)
@@ -271,6 +286,31 @@ def dry_run(lowered: Schedule, durations: Durations,
                   tuple(Fraction(peak[r], len(info.stages_of(r))) for r in range(P)),
                   tuple(tuple(s) for s in spans), info, start, period,
                   _ratio(P * period - sum(busy), sum(busy)))
+
+
+class _Clock:
+    """Each rank's compute stream (now), p2p stream, busy seconds and spans by position;
+    the arrival time of every message sent so far."""
+
+    def __init__(self, P: int, cost: Callable[[Message], Real]):
+        self.now, self.stream, self.busy = [0] * P, [0] * P, [0] * P
+        self.spans: list[dict[int, Span]] = [{} for _ in range(P)]
+        self.arrival: dict[Message, Real] = {}
+        self.cost = cost
+
+    def compute(self, r: int, t: Real) -> None:
+        self.now[r] += t
+        self.busy[r] += t
+
+    def send(self, r: int, k: int, msg: Message, a: Action) -> None:
+        start = max(self.now[r], self.stream[r])
+        self.stream[r] = self.arrival[msg] = start + self.cost(msg)
+        self.spans[r][k] = Span(a, start, self.stream[r])
+
+    def wait(self, r: int, k: int, msg: Message, a: Action) -> None:
+        end = max(self.now[r], self.arrival[msg])
+        self.spans[r][k] = Span(a, self.now[r], end)
+        self.now[r] = end
 
 
 def peak_in_flight(actions: Schedule) -> list[int]:

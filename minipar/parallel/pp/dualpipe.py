@@ -10,8 +10,11 @@ dualpipev.py, after Sea AI Lab's "cut-in-half") keeps one copy of the parameters
 stages, rank r holds chunk 0 = stage r and chunk 1 = stage 2p - 1 - r (ZB-V's placement).
 
 An overlapped pair is one item of a rank's list, OverlapFB(F, B), written as torch writes
-it: `(0F7;7B3)OVERLAP_F_B`; the dry run gives it the duration t_F&B ("F&B" in its
-durations). The bubble DualPipe's README gives, with F, B (full), W per chunk:
+it: `(0F7;7B3)OVERLAP_F_B`. The runner runs its F, then its B, each half's p2p message
+overlapping the other half's compute (lowering.py's pair_overlap), and the dry run times
+it so when its durations have no "F&B"; given t_F&B ("F&B"), it is one block of that
+duration, standing for the experts' all-to-all overlap this model does not have yet.
+The bubble DualPipe's README gives, with F, B (full), W per chunk:
 
     DualPipeV   (PP/2 - 1)(F&B + B - 3W)    PP = 2p stages    2x parameters, PP + 1
                 activations per device (in chunk-micro-batches: 2p + 1)

@@ -11,7 +11,15 @@ For each compute action of rank r, with stage s on r and micro-batch i:
     sW i          nothing: weight gradients stay on the rank
     (sF i; tB j)  a pair: both receives just before it (RECV_F of its F, then RECV_B of
                   its B), both sends just after (SEND_F, then SEND_B), as DualPipe's
-                  _forward_backward_chunk posts them around the overlapped compute
+                  _forward_backward_chunk posts them around the overlapped compute;
+                  each is timed by the half it belongs to (pair_overlap): the F half
+                  waits for RECV_F; its SEND_F is posted as soon as the F half ends, so
+                  the activations travel while the B half computes; RECV_B is waited
+                  only when the B half starts, so the gradient travels while the F half
+                  computes; SEND_B follows the B half. (With t_F&B given to the dry run
+                  the pair is one block: both receives at its start, both sends at its
+                  end.) What this overlaps is the pipeline's p2p only: the experts'
+                  all-to-all that DualPipe hides behind the other half is not modelled
 Two stages on one rank (interleaving with p = 1, or the turn of a V: stages p - 1 and p on
 the last rank) pass the tensor in memory, with no message.
 
@@ -23,7 +31,10 @@ the one that produces it, so the lowered lists' dependency graph (each rank's or
 send -> recv) is the compute graph with each cross-rank edge split in two. Splitting edges
 keeps a graph acyclic, and validate_schedule has shown the compute graph acyclic (it ran
 the lists to the end). An overlapped pair is one node of that graph (the validator runs it
-as one item), its receives just before it and its sends just after, so the same holds. isend never blocks, so a rank can stop only at a RECV, whose SEND
+as one item), its receives just before it and its sends just after, so the same holds; that
+its SEND_F leaves earlier (after the F half) and its RECV_B is waited later (before the B
+half) than the list says only removes waiting, so it cannot add a deadlock. isend never
+blocks, so a rank can stop only at a RECV, whose SEND
 follows a finished action by induction along a topological order, or at its final waits,
 which end once every rank has posted every RECV, which every rank does as it reaches the
 end of its list. No rank waits forever. (dry_run.py checks this on any lowered lists.)
@@ -38,10 +49,10 @@ order of arrivals between two ranks never matters: message(action, where).tag.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple
+from typing import Mapping, NamedTuple, Optional, Sequence
 
-from .actions import (B, F, I, RECV_B, RECV_F, SEND_B, SEND_F, Action, Kind, Schedule,
-                      ScheduleError, parts)
+from .actions import (B, F, I, RECV_B, RECV_F, SEND_B, SEND_F, Action, Kind, OverlapFB,
+                      Schedule, ScheduleError, parts)
 from .validate import validate_schedule
 
 
@@ -76,6 +87,32 @@ def lower(actions: Schedule) -> Schedule:
             out += recvs + [item] + sends
         lowered.append(out)
     return lowered
+
+
+def pair_overlap(row: Sequence) -> dict[int, tuple[Optional[int], Optional[int]]]:
+    """For one rank's lowered list: each pair's position -> (the position of its B half's
+    RECV_B among the receives just before it, the position of its F half's SEND_F among the
+    sends just after it), None where the pair has no such message (its neighbour stage on
+    this rank, or the last stage's loss). These two are timed per half (module docstring):
+    the RECV_B waited when the B half starts, the SEND_F posted when the F half ends."""
+    out = {}
+    for k, item in enumerate(row):
+        if not isinstance(item, OverlapFB):
+            continue
+        f, b = item.forward, item.backward
+        recv = send = None
+        q = k - 1
+        while q >= 0 and row[q].is_communication and row[q].kind in (RECV_F, RECV_B):
+            if row[q] == Action(b.stage, RECV_B, b.microbatch):
+                recv = q
+            q -= 1
+        q = k + 1
+        while q < len(row) and row[q].is_communication and row[q].kind in (SEND_F, SEND_B):
+            if row[q] == Action(f.stage, SEND_F, f.microbatch):
+                send = q
+            q += 1
+        out[k] = (recv, send)
+    return out
 
 
 class Message(NamedTuple):

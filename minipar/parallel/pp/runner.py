@@ -6,7 +6,8 @@
 
 Each rank runs its own list of lower(actions) in order (lowering.py's contract):
 
-    RECV_F, RECV_B   irecv from the peer stage's rank, waited at once
+    RECV_F, RECV_B   irecv from the peer stage's rank, waited at once (a pair's RECV_B:
+                     when its B half starts)
     F  (sF i)        stage s's forward of micro-batch i: its input is the RECV'd tensor,
                      the previous stage's output if that stage is on this rank, or (s = 0)
                      the micro-batch's ids; the last stage computes the micro-batch's loss
@@ -19,10 +20,15 @@ Each rank runs its own list of lower(actions) in order (lowering.py's contract):
     W  (sW i)        those weight gradients, accumulated: only after a parameter's last W
                      is its gradient complete
     (sF i; tB j)     an overlapped pair (DualPipe): its forward, then its backward (B or
-                     I), on the one compute stream. The arithmetic is the pair's; the
-                     overlap is not simulated here (DualPipe hides each half's
-                     communication, the experts' all-to-all, behind the other's compute,
-                     and this model has no all-to-all): the dry run's t_F&B models it
+                     I), on the one compute stream, their p2p on the p2p stream: the F
+                     half's SEND_F is posted the moment the F half ends, so the
+                     activations travel while the B half computes, and the B half's
+                     RECV_B, posted with the pair's receives, is waited only when the B
+                     half starts, so the gradient travels while the F half computes
+                     (lowering.py's pair_overlap; the dry run without "F&B" times it so).
+                     Not overlapped: the two halves' compute (one stream), and the
+                     experts' all-to-all DualPipe was built to hide (this model has no
+                     all-to-all yet; the dry run's t_F&B stands for it)
     SEND_F, SEND_B   isend to the peer stage's rank; every send is waited at the end
                      of the list
 
@@ -69,9 +75,9 @@ from ...runtime.group import ProcessGroup
 from ...runtime.p2p import irecv, isend
 from ...runtime.trace import Event
 from .actions import (B, F, RECV_B, RECV_F, SEND_B, SEND_F, W, OverlapFB, Schedule,
-                      ScheduleError, parts)
+                      ScheduleError)
 from .dry_run import check_deadlock
-from .lowering import lower
+from .lowering import lower, pair_overlap
 from .stage import DropoutStream, PipelineStage
 from .validate import validate_schedule
 
@@ -206,19 +212,41 @@ class PipelineRunner:
         grads: dict = {}     # (stage, i) -> the gradient of its output [s, b, h]
         outgoing: dict = {}  # (stage, i, kind) -> the tensor a SEND moves
         tensors = (inputs, grads, outgoing)
-        for item, msg in zip(self.actions, self._messages):
+        pairs = pair_overlap(self.actions)  # a pair -> its RECV_B, SEND_F timed per half
+        by_half = {q: k for k, ends in pairs.items() for q in ends if q is not None}
+        posted: dict = {}    # position of a pair's RECV_B -> its irecv's Work
+        for pos, (item, msg) in enumerate(zip(self.actions, self._messages)):
             if item.is_communication:
-                a, key = item, (item.stage, item.microbatch)
-                if a.kind is RECV_F or a.kind is RECV_B:
-                    x = irecv(self.group.ranks[msg.src], self.group, msg.tag).wait()
-                    (inputs if a.kind is RECV_F else grads)[key] = x  # x: [s, b, h]
-                else:
-                    x = outgoing.pop((a.stage, a.microbatch, a.kind))
-                    pending.append(isend(x, self.group.ranks[msg.dst], self.group, msg.tag))
+                if item.kind is RECV_F or item.kind is RECV_B:
+                    work = irecv(self.group.ranks[msg.src], self.group, msg.tag)
+                    if pos in by_half:  # waited when its pair's B half starts
+                        posted[pos] = work
+                    else:
+                        self._received(item, work, tensors)
+                elif pos not in by_half:  # else sent when its pair's F half ended
+                    self._send(item, msg, outgoing, pending)
                 continue
-            pair = item if isinstance(item, OverlapFB) else None
-            for a in parts(item):  # a pair: its forward, then its backward (docstring)
-                self._compute(a, micro, streams, losses, tensors, pair)
+            if pos not in pairs:
+                self._compute(item, micro, streams, losses, tensors, None)
+                continue
+            recv, send = pairs[pos]
+            self._compute(item.forward, micro, streams, losses, tensors, item)
+            if send is not None:
+                self._send(self.actions[send], self._messages[send], outgoing, pending)
+            if recv is not None:
+                self._received(self.actions[recv], posted.pop(recv), tensors)
+            self._compute(item.backward, micro, streams, losses, tensors, item)
+
+    def _received(self, a, work, tensors: tuple) -> None:
+        """Wait for a RECV's message: the input activations or the output's gradient."""
+        inputs, grads, _ = tensors
+        x = work.wait()  # x: [s, b, h]
+        (inputs if a.kind is RECV_F else grads)[(a.stage, a.microbatch)] = x
+
+    def _send(self, a, msg, outgoing: dict, pending: list) -> None:
+        """isend what a SEND moves; its Work is waited at the end of the list."""
+        x = outgoing.pop((a.stage, a.microbatch, a.kind))
+        pending.append(isend(x, self.group.ranks[msg.dst], self.group, msg.tag))
 
     def _compute(self, a, micro: list, streams: dict, losses: dict, tensors: tuple,
                  pair: Optional[OverlapFB]) -> None:

@@ -114,6 +114,15 @@ MULTI_CHUNK = ("interleaved_1f1b",)  # the schedules that place several stages o
 V_SHAPED = ("zbv", "dualpipev")      # two chunks a rank, stages r and 2p - 1 - r
 
 
+def own_chunks(name: str) -> int:
+    """The chunks (stages) a rank holds under schedule `name` when none are asked for: 2 for
+    the V schedules, 1 for the others (interleaved_1f1b takes any count)."""
+    if name not in SCHEDULES:
+        raise ScheduleError(f"unknown schedule {name!r}; the schedules are "
+                            f"{', '.join(repr(k) for k in SCHEDULES)}")
+    return 2 if name in V_SHAPED else 1
+
+
 def _count(value, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ScheduleError(f"schedule needs {what} >= 1 (an integer), got {value!r}")
@@ -128,9 +137,7 @@ def schedule(name: str, pp: int, microbatches: int, chunks: Optional[int] = None
     any v >= 1, default 1, stage s on rank s mod p; the V schedules: 2, their own, stages
     r and 2p - 1 - r on rank r; the others: 1). Left out, chunks is the schedule's own.
     """
-    if name not in SCHEDULES:
-        raise ScheduleError(f"unknown schedule {name!r}; the schedules are "
-                            f"{', '.join(repr(k) for k in SCHEDULES)}")
+    own_chunks(name)  # a known name
     pp, microbatches = _count(pp, "pp"), _count(microbatches, "microbatches")
     if name in V_SHAPED:
         check_v(name, pp, chunks if chunks is None else _count(chunks, "chunks"))

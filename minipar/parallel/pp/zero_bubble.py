@@ -151,6 +151,7 @@ def check_v(name: str, pp: int, chunks) -> None:
     """A V schedule places exactly two chunks on each rank: refuse any other count."""
     if chunks not in (None, 2):
         raise ScheduleError(f"{name!r} places two chunks on each rank in a V (rank r holds "
-                            f"stages r and 2p - 1 - r = {2 * pp - 1}-r), got chunks={chunks}: "
+                            f"stages r and 2p - 1 - r: at pp = {pp}, rank 0 holds stages 0 and "
+                            f"{2 * pp - 1}), got chunks={chunks}: "
                             f"leave chunks out or pass chunks=2; for other chunk counts use "
                             f"'interleaved_1f1b'")

@@ -8,6 +8,9 @@
                              activation memory against Table 2, gradients against one device
     pipeline_parallel.py 10  a pp = 4 pipeline under 1F1B: its schedule from the trace, the
                              activations in flight, one device's loss, the bubble measured
+    zero_bubble.py      11   1F1B, ZB-H1 and DualPipeV on the same pp = 4 run: each drawn
+                             from its trace (I and W visible), its bubble and peak
+                             activations measured, its loss one device's
 
 Each part prints through `out` and checks what it shows against a formula or one device,
 and passes every launch it runs to `record`; `--trace` writes them all, one after another,
@@ -25,9 +28,11 @@ from .data_parallel import DP_ATOL_SCALE, DP_RTOL, data_parallel_part
 from .model import single_device_part
 from .pipeline_parallel import pipeline_parallel_part
 from .tensor_parallel import tensor_parallel_part
+from .zero_bubble import zero_bubble_part
 
 #: the parts after the cluster's, in order: each takes `out` and `record`
-PARTS = (single_device_part, data_parallel_part, tensor_parallel_part, pipeline_parallel_part)
+PARTS = (single_device_part, data_parallel_part, tensor_parallel_part, pipeline_parallel_part,
+         zero_bubble_part)
 
 
 def run_tour(out: Print = print, nbytes: int = 4 << 20, trace_path: Optional[str] = None,

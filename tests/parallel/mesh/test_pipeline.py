@@ -280,3 +280,53 @@ def test_fixed_compositions_with_dropout_clipping_and_tied_embeddings(dpkit, dim
     assert all(n > 0.05 for n in ref[2])
     check(dpkit, ref, composed(cfg, batches, dims, dpkit.OPT, max_grad_norm=0.05,
                                microbatches=m, layers=layers, **kw))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name, chunks", [("zb_h1", None), ("zb_h2", None), ("zbv", None),
+                                          ("dualpipev", None), ("zbv", 2)])
+def test_the_zero_bubble_schedules_by_name_train_like_one_device(dpkit, name, chunks):
+    """parallelize(cfg, ParallelDims(pp=2), schedule=name, microbatches=4) with chunks left
+    out (the schedule's own: 2 in a V) or given as the V's 2: one device's steps."""
+    m = 4
+    cfg = tiny(dpkit, num_layers=5, tie_embeddings=True, dropout=0.1, seed=7)
+    batches = dpkit.global_batches(cfg, steps=2, global_batch=m, seed=cfg.seed)
+    kw = {} if chunks is None else dict(chunks=chunks)
+    check(dpkit, reference(cfg, batches, m, dpkit.OPT),
+          composed(cfg, batches, ParallelDims(pp=2), dpkit.OPT, schedule=name,
+                   microbatches=m, **kw))
+
+
+def refusal(dims, cfg, **kw) -> str:
+    """The ValueError parallelize raises on rank 0 for these arguments."""
+    def program(ctx):
+        with pytest.raises(ValueError) as e:
+            parallelize(cfg, dims, lr=1e-2, **kw)
+        return str(e.value)
+    return mp.launch(program, dims.world_size)[0]
+
+
+@pytest.mark.parametrize("name", ["zbv", "dualpipev"])
+@pytest.mark.parametrize("engine", [dict(zero=2), dict(zero=3),
+                                    dict(sharding_strategy=ShardingStrategy.FULL_SHARD)])
+def test_a_v_with_tied_embeddings_under_zero_2_or_3_is_refused_with_advice_that_fits(
+        dpkit, name, engine):
+    """A V puts stages 0 and 2p - 1 on pipeline rank 0: a tied wte sits in two of its units,
+    which ZeRO-2/3 cannot hold. The advice names what fixes a V (untie, a one-stage-a-rank
+    schedule, zero <= 1), not pp = 1's "chunks=1"."""
+    dims = ParallelDims(dp_shard=2, pp=2)
+    text = refusal(dims, cfg=tiny(dpkit, num_layers=4, tie_embeddings=True), schedule=name,
+                   microbatches=4, **engine)
+    for words in ("stages 0 and 3 on one pipeline rank both use wte",
+                  "places both on pipeline rank 0, as a V does", "tie_embeddings=False",
+                  "'1f1b', 'zb_h1' or 'zb_h2'", "zero=0 or 1"):
+        assert words in text
+    assert "chunks=1 at pp=1" not in text
+
+
+@pytest.mark.parametrize("name", ["zbv", "dualpipev"])
+def test_a_v_refuses_other_chunk_counts_than_its_two(dpkit, name):
+    text = refusal(ParallelDims(pp=2), cfg=tiny(dpkit, num_layers=4), schedule=name,
+                   microbatches=4, chunks=1)
+    assert f"{name!r} places two chunks on each rank in a V" in text
+    assert "leave chunks out or pass chunks=2" in text

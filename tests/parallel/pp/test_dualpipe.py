@@ -137,16 +137,46 @@ def test_the_lowering_puts_both_receives_before_a_pair_and_both_sends_after():
             assert [str(x) for x in row[k - 2:k + 1]] == [f"3RECV_F{f}", f"0RECV_B{b}", str(a)]
 
 
-def test_a_pair_takes_t_fb_on_the_clock_and_its_key_is_required():
+def test_a_pair_takes_t_fb_when_given_and_its_two_halves_when_not():
+    """t_F&B given: every pair lasts it. Not given: t_F + t_B of its halves, plus the wait
+    of its B half for its gradient (which starts after its F half, not before it)."""
     sched = lower(schedule("dualpipev", 2, 4))
-    spans = {str(s.action): s for row in dry_run(sched, {"F": 1, "B": 2, "I": 1, "W": 1,
-                                                         "F&B": Fraction(5, 2)}).timeline
-             for s in row}
-    pairs = [s for k, s in spans.items() if k.endswith("OVERLAP_F_B")]
-    assert pairs and all(s.end - s.start == Fraction(5, 2) for s in pairs)
-    with pytest.raises(ScheduleError, match="durations has no 'F&B' but the schedule runs "
-                                            "overlapped pairs: give t_F&B"):
-        dry_run(sched, {"F": 1, "B": 2, "I": 1, "W": 1})
+    one = {"F": 1, "B": 2, "I": 1, "W": 1}
+    for fb in (Fraction(5, 2), None):
+        run = dry_run(sched, {**one, **({"F&B": fb} if fb else {})})
+        pairs = [s for row in run.timeline for s in row if isinstance(s.action, OverlapFB)]
+        assert pairs and all(s.end - s.start == fb for s in pairs) if fb else \
+            all(s.end - s.start >= 3 for s in pairs) and any(s.end - s.start == 3 for s in pairs)
+        for r, row in enumerate(sched):
+            assert run.busy[r] == sum(fb if fb and isinstance(a, OverlapFB) else
+                                      sum(one[x.kind.value] for x in parts(a))
+                                      for a in row if a.is_compute)
+
+
+def test_a_pairs_messages_overlap_the_other_half_by_hand():
+    """Rank 0 runs 0F0 (0F1;0B0) 0B1, rank 1 1F0 1B0 1F1 1B1; t_F = 1, t_B = 2, each
+    message 1. Per half: 0F0 [0, 1] sends 0F0's output (arrives 2); the pair's F half
+    [1, 2] posts 0F1's output at 2 (arrives 3) while its B half waits for 1B0's gradient:
+    1F0 [2, 3], 1B0 [3, 5], arriving 6, so the B half runs [6, 8]; rank 1 finds 0F1's
+    output there at 5: 1F1 [5, 6], 1B1 [6, 8], its gradient arrives at 9; 0B1 [9, 11].
+    As one block of t_F&B = 3 (the pair's messages around it), the pair waits for 1B0's
+    gradient before its F half: [6, 9], 0F1's output arrives 10, 1F1 [10, 11], 1B1
+    [11, 13], 0B1 [14, 16]: 5 of 16 lost to messages the halves could have hidden."""
+    sched = lower(parse_schedule(["0F0 (0F1;0B0)OVERLAP_F_B 0B1", "1F0 1B0 1F1 1B1"]))
+    assert [str(a) for a in sched[0]] == ["0F0", "0SEND_F0", "0RECV_B0",
+                                          "(0F1;0B0)OVERLAP_F_B", "0SEND_F1", "0RECV_B1",
+                                          "0B1"]
+    halves = dry_run(sched, {"F": 1, "B": 2}, 1)
+    block = dry_run(sched, {"F": 1, "B": 2, "F&B": 3}, 1)
+    span = lambda run, r, text: next((s.start, s.end) for s in run.timeline[r]
+                                     if str(s.action) == text)
+    assert span(halves, 0, "(0F1;0B0)OVERLAP_F_B") == (1, 8)
+    assert span(halves, 0, "0SEND_F1") == (2, 3) and span(halves, 0, "0RECV_B0") == (2, 6)
+    assert span(halves, 1, "1F1") == (5, 6) and span(halves, 0, "0B1") == (9, 11)
+    assert halves.makespan == 11 and halves.finish == (11, 9)
+    assert span(block, 0, "(0F1;0B0)OVERLAP_F_B") == (6, 9)
+    assert span(block, 0, "0SEND_F1") == (9, 10) and span(block, 0, "0B1") == (14, 16)
+    assert block.makespan == 16 and halves.busy == block.busy == (6, 6)
 
 
 def test_a_pair_waits_for_both_inputs_and_pairing_can_deadlock():

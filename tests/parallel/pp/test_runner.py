@@ -350,34 +350,3 @@ def test_an_overlapped_pair_runs_its_forward_then_its_backward():
             assert first.meta["pair"] == second.meta["pair"] == f"({first.label};" \
                 f"{second.label})OVERLAP_F_B" and first.end <= second.start
 
-
-@pytest.mark.timeout(60)
-def test_dualpipev_on_the_clock_is_the_dry_runs_with_a_pair_lasting_its_two_halves():
-    """p = 4, m = 10: with nothing for one half to hide behind the other (no all-to-all in
-    this model), a pair lasts t_F + t_B on the runner's clock, and the dry run given
-    t_F&B = that sum (per stage of the pair's forward: each forward stage has one
-    partner) predicts every rank's end of schedule to the nanosecond, the p2p messages
-    on their own stream included."""
-    p, m = 4, 10
-    actions = schedule("dualpipev", p, m)
-    topology = mp.Topology.single_node(p, device=SLOW)
-    res = run_step(CFG.with_(num_layers=2 * p), actions, topology)
-    d: dict = {k: {} for k in ("F", "B", "I", "W", "F&B")}
-    for _, events, *_ in res:
-        halves: dict = {}
-        for e in actions_of(events):
-            if "pair" in e.meta:
-                halves.setdefault(e.meta["pair"], []).append(e)
-                continue
-            d[e.meta["kind"]].setdefault(e.meta["stage"], e.duration)
-            assert abs(e.duration - d[e.meta["kind"]][e.meta["stage"]]) < 1e-15
-        for f, b in halves.values():
-            d["F&B"].setdefault(f.meta["stage"], f.duration + b.duration)
-            assert abs(f.duration + b.duration - d["F&B"][f.meta["stage"]]) < 1e-15
-    assert d["F&B"]  # the schedule has pairs
-    link = cost.p2p_time(CFG.seq_len * 2 * CFG.hidden * 8, topology.link(0, 1))
-    table = {k: [v.get(s, 0.0) for s in range(2 * p)] for k, v in d.items()}
-    predicted = dry_run(lower(actions), table, link)
-    assert predicted.makespan > 1e-4  # a nanosecond is less than 1e-5 of it
-    for r, (runner, *_) in enumerate(res):
-        assert abs(runner.last_step.schedule_end - predicted.finish[r]) < 1e-9

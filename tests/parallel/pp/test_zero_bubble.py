@@ -172,6 +172,8 @@ def test_a_v_schedule_refuses_other_chunk_counts(name):
     with pytest.raises(ScheduleError, match=rf"'{name}' places two chunks on each rank in a V "
                                             r".*leave chunks out or pass chunks=2"):
         schedule(name, 2, 4, chunks=1)
+    with pytest.raises(ScheduleError, match=r"at pp = 3, rank 0 holds stages 0 and 5"):
+        schedule(name, 3, 6, chunks=3)
 
 
 @pytest.mark.parametrize("name", ["zb_h1", "zb_h2"])
