@@ -44,7 +44,8 @@ def wait_until_blocked(world, rank: int, seconds: float = 5.0) -> None:
 @pytest.mark.timeout(20)
 def test_a_receiver_is_woken_only_by_its_own_message():
     """Rank 2 sleeps in recv from 0 while ranks 0 and 1 exchange 2 x 20 messages and make
-    5 all-reduces on their own group (85 changes of state: every send, posted recv and completion): rank 2 is woken once."""
+    5 all-reduces on their own group (85 changes of state: each send, posted recv and
+    completion): rank 2 is woken once."""
     def program(ctx):
         pair = mp.new_group([0, 1])
         world = ctx.backend
