@@ -90,7 +90,7 @@ def profile(name: str, n: int, top: int = 25) -> str:
     orig = threading.Thread.run
 
     def run(self):
-        prof = cProfile.Profile()
+        prof = cProfile.Profile(time.thread_time)  # CPU, not time spent waiting
         profiles.append(prof)
         prof.enable()
         try:
@@ -98,7 +98,7 @@ def profile(name: str, n: int, top: int = 25) -> str:
         finally:
             prof.disable()
 
-    main_prof = cProfile.Profile()
+    main_prof = cProfile.Profile(time.thread_time)  # CPU, not time spent waiting
     threading.Thread.run = run
     try:
         main_prof.enable()

@@ -122,7 +122,7 @@ class SimWorld(RankWaits):
                     self.computing -= 1
                     if outcomes is not None:
                         slot.outcomes = outcomes
-                        self._changed()
+                        self._changed(g.ranks)
 
         def ready() -> bool:
             return slot.outcomes is not None
@@ -135,9 +135,9 @@ class SimWorld(RankWaits):
 
         def describe() -> str:
             arrived = sorted(g.ranks[i] for i in slot.calls)
-            missing = [r for r in g.ranks if r not in arrived]
+            missing = [g.ranks[i] for i in range(g.size) if i not in slot.calls]
             return (f"{call.kind} on group {g} (call #{index} of that group) at {call.where}; "
-                    f"arrived: {arrived}, not yet arrived: {missing}")
+                    f"arrived: {rank_list(arrived)}, not yet arrived: {rank_list(missing)}")
 
         return SimHandle(self, call.rank, ready, take, describe)
 
@@ -173,7 +173,7 @@ class SimWorld(RankWaits):
                 if len(mine) >= 64:  # forget the sends already matched
                     mine[:] = [m for m in mine if self.posted.get(m[0], 0) <= m[1]]
                 mine.append((key, seq, dst, tag, where))
-            self._changed()
+            self._changed((dst,))  # its receiver may wait for this message
 
         def ready() -> bool:
             return self.sends == "eager" or self.posted.get(key, 0) > seq
@@ -192,7 +192,7 @@ class SimWorld(RankWaits):
             self.posted[key] = seq + 1
             box = self.mail.setdefault(key, {})
             self.last_call[rank] = ("recv(src={}, tag={}) at {}", src, tag, where)
-            self._changed()  # a sender may be waiting for this recv to be posted
+            self._changed((src,))  # its sender may be waiting for this recv to be posted
 
         def ready() -> bool:
             return seq in box
@@ -236,6 +236,21 @@ class SimWorld(RankWaits):
                     lines.append(f"rank {src} -> rank {dst}, tag {tag}: message #{seq} sent at "
                                  f"{msg.where} was never received")
         return lines
+
+
+def rank_list(ranks: list[int], limit: int = 16) -> str:
+    """`[0, 1, 5]` as is; a longer list as runs, `[0..1022, 1023]`, so that a diagnosis at
+    thousands of ranks stays readable (and small)."""
+    if len(ranks) <= limit:
+        return str(list(ranks))
+    runs, start = [], 0
+    for i in range(1, len(ranks) + 1):
+        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
+            a, b = ranks[start], ranks[i - 1]
+            runs.append(str(a) if a == b else f"{a}..{b}")
+            start = i
+    shown = runs if len(runs) <= limit else runs[:limit] + [f"... {len(runs) - limit} more runs"]
+    return f"[{', '.join(shown)}] ({len(ranks)} ranks)"
 
 
 def _outcomes(slot: _Slot) -> list[Outcome]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from ..errors import CollectiveTimeoutError, DeadlockError, WorldAborted
 
@@ -51,6 +51,7 @@ class RankWaits:
         self.wakeups = [0] * world_size  # how often each rank was woken; equal to sleeps
         # in a run where no wait times out and nothing fails
         self.finished: set[int] = set()
+        self.woken: set[int] = set()  # ranks in `waiting` already woken, not yet running
         self.error: Optional[BaseException] = None
         self.progress = time.monotonic()  # wall time of the last change of state
         self.computing = 0  # last arrivals computing a collective's results, lock released
@@ -58,14 +59,22 @@ class RankWaits:
         self.deadlines: dict[int, tuple[float, float]] = {}  # rank -> (deadline, timeout)
 
     # ---- lifecycle (call with self.lock held, except fail and finish) ---------------
-    def _changed(self) -> None:
+    def _changed(self, ranks: Optional[Iterable[int]] = None) -> None:
         """Something happened: stamp the watchdog's clock, and wake each sleeping rank
-        whose wait it satisfied (every one of them once the world has failed)."""
+        whose wait it satisfied (every one of them once the world has failed). `ranks`:
+        the only ranks whose wait this change can satisfy (a message's receiver, a recv's
+        sender, a collective's members), so a change costs O(those), not O(world); None
+        re-checks every sleeping rank."""
         self.progress = time.monotonic()
         failed = self.error is not None
-        for rank, w in self.waiting.items():
+        if failed or ranks is None:
+            candidates = list(self.waiting.items())
+        else:
+            candidates = [(r, self.waiting[r]) for r in ranks if r in self.waiting]
+        for rank, w in candidates:
             if not w.woken and (failed or w.predicate()):
                 w.woken = True
+                self.woken.add(rank)
                 self.wakeups[rank] += 1
                 self.wakeup[rank].notify()
 
@@ -80,9 +89,9 @@ class RankWaits:
         """Rank returned from its program; if the others now wait forever, say so."""
         with self.lock:
             self.finished.add(rank)
-            self.waiting.pop(rank, None)
+            self._stop_waiting(rank)
             self._check_deadlock()
-            self._changed()
+            self._changed(())  # a rank's end satisfies no other rank's wait
 
     def _check_alive(self) -> None:
         if self.error is not None:
@@ -93,9 +102,10 @@ class RankWaits:
         """Sleep until ready() holds; woken by `_changed` only once it does (or on failure)."""
         deadline = self.deadlines.get(rank)
         while True:
+            self.woken.discard(rank)
             self._check_alive()
             if ready():
-                self.waiting.pop(rank, None)
+                self._stop_waiting(rank)
                 return
             self.waiting[rank] = _Waiting(ready, describe)
             if self._check_deadlock():
@@ -106,12 +116,16 @@ class RankWaits:
                 continue
             left = deadline[0] - time.monotonic()
             if left <= 0:
-                self.waiting.pop(rank, None)
+                self._stop_waiting(rank)
                 raise CollectiveTimeoutError(
                     f"rank {rank}: Work.wait(timeout={deadline[1]:g}) expired, still waiting "
                     f"in {describe()}. torch raises the same when a wait times out; find the "
                     "rank that never arrived, or wait longer")
             self.wakeup[rank].wait(left)
+
+    def _stop_waiting(self, rank: int) -> None:
+        self.waiting.pop(rank, None)
+        self.woken.discard(rank)
 
     @contextlib.contextmanager
     def deadline(self, rank: int, seconds: float):
@@ -126,10 +140,12 @@ class RankWaits:
         """True (and the world failed with a DeadlockError) if no live rank can proceed."""
         if self.error is not None:
             return False
-        live = [r for r in range(self.world_size) if r not in self.finished]
-        if not live or any(r not in self.waiting for r in live):
+        # O(1) at almost every sleep: some live rank is running (not waiting), or was
+        # woken and will run; waits only ever become satisfiable, so a woken one stays so
+        if self.woken or len(self.waiting) < self.world_size - len(self.finished):
             return False
-        if any(self.waiting[r].predicate() for r in live):
+        live = [r for r in range(self.world_size) if r not in self.finished]
+        if not live or any(self.waiting[r].predicate() for r in live):
             return False
         lines = ["deadlock: every live rank is blocked and none of them can proceed."]
         for r in range(self.world_size):
