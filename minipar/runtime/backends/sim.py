@@ -267,15 +267,25 @@ def _outcomes(slot: _Slot) -> list[Outcome]:
 
 def _dealias(results: list, payloads: list) -> list:
     """Copy any result array that shares memory with an input or another rank's result,
-    so that no rank ever holds a view of another rank's memory."""
-    inputs = [a for p in payloads for a in _arrays(p)]
-    seen: list[np.ndarray] = []
+    so that no rank ever holds a view of another rank's memory. Arrays are compared only
+    with those of the same underlying buffer (their root `.base`), so a group of g ranks
+    costs O(g), not O(g^2)."""
+    by_root: dict[int, list] = {}  # id of a buffer -> the arrays seen on it
+
+    def root(a: np.ndarray) -> int:
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        return id(a if a.base is None else a.base)
+
+    for a in (a for p in payloads for a in _arrays(p)):
+        by_root.setdefault(root(a), []).append(a)
 
     def fix(a: Any) -> Any:
         if isinstance(a, np.ndarray):
-            if any(np.may_share_memory(a, b) for b in inputs + seen):
+            same = by_root.get(root(a), ())
+            if any(np.may_share_memory(a, b) for b in same):
                 a = a.copy()
-            seen.append(a)
+            by_root.setdefault(root(a), []).append(a)
             return a
         if isinstance(a, list):
             return [fix(x) for x in a]
