@@ -81,8 +81,9 @@ class RankWaits:
     def fail(self, error: BaseException) -> None:
         """Record the first failure and wake every blocked rank so it can leave."""
         with self.lock:
-            if self.error is None:
-                self.error = error
+            if self.error is not None:
+                return  # the first failure already woke every rank, and none sleeps again
+            self.error = error
             self._changed()
 
     def finish(self, rank: int) -> None:
@@ -95,7 +96,8 @@ class RankWaits:
 
     def _check_alive(self) -> None:
         if self.error is not None:
-            raise WorldAborted(f"stopped because another rank failed: {self.error}")
+            first = str(self.error).partition("\n")[0]  # the cause's headline, not its
+            raise WorldAborted(f"stopped because another rank failed: {first}")  # N lines
 
     # ---- blocking with deadlock detection (call with self.lock held) ----------------
     def block_until(self, rank: int, ready: Callable[[], bool], describe: Callable[[], str]):
