@@ -12,6 +12,9 @@ pipeline step against one device (benchmarks/bench_pp.py), and, when mpi4py and 
 the MPI backend's all_reduce against raw mpi4py, by running
 `mpiexec -n 4 python benchmarks/bench_mpi.py`.
 
+`--only scale` runs benchmarks/bench_scale.py instead: one step of a tiny GPT at 16 ...
+4,096 simulated ranks, the wall time and its growth (minutes, so not in the default run).
+
 Nothing here is asserted in tests: wall-clock numbers depend on the machine.
 """
 
@@ -33,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dp import main as dp_benchmark  # noqa: E402  (benchmarks/bench_dp.py)
 from bench_model import gpt_step_efficiency  # noqa: E402  (benchmarks/bench_model.py)
 from bench_pp import main as pp_benchmark  # noqa: E402  (benchmarks/bench_pp.py)
+from bench_scale import main as scale_benchmark  # noqa: E402  (benchmarks/bench_scale.py)
 from bench_tp import main as tp_benchmark  # noqa: E402  (benchmarks/bench_tp.py)
 
 
@@ -98,8 +102,9 @@ def barrier_floor(world: int, iters: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--only", choices=("runtime", "model", "dp", "tp", "pp", "mpi"),
-                    help="run one group of benchmarks (default: all)")
+    ap.add_argument("--only", choices=("runtime", "model", "dp", "tp", "pp", "mpi", "scale"),
+                    help="run one group of benchmarks (default: all but scale, which "
+                    "takes minutes: one step at 16 ... 4,096 simulated ranks)")
     args = ap.parse_args()
     if args.only in (None, "runtime"):
         runtime_benchmarks(args.repeats)
@@ -113,6 +118,8 @@ def main() -> None:
         pp_benchmark([])
     if args.only in (None, "mpi"):
         print(mpi_benchmark())
+    if args.only == "scale":
+        scale_benchmark([])
 
 
 def runtime_benchmarks(repeats: int) -> None:

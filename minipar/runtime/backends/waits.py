@@ -6,9 +6,10 @@ predicate over that state, and a sentence for diagnoses — and sleeps, without 
 on a condition of its own over the world's lock.
 
 Who wakes whom. Every change of state calls `_changed`, which stamps `progress` for the
-watchdog (runtime/watchdog.py) and re-checks the predicate of each sleeping rank: only the
-ranks whose wait is now satisfied are woken (a message wakes its receiver, a posted recv
-its sender, a complete collective its members), each once. A failure wakes them all, and
+watchdog (runtime/watchdog.py) and re-checks the predicate of the sleeping ranks it can
+satisfy (a message its receiver, a posted recv its sender, a complete collective its
+members; not every sleeper, which made each change O(world)): only the ranks whose wait
+is now satisfied are woken, each once. A failure wakes them all, and
 they leave with `WorldAborted`. So a rank never wakes to find nothing to do: with a
 single condition shared by all, every change woke every sleeper, which then had to take
 the interpreter lock back only to sleep again (benchmarks/README.md, "Pipeline
