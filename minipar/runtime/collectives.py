@@ -21,6 +21,8 @@ Point-to-point send and recv are in p2p.py; `Work` in work.py.
 
 from __future__ import annotations
 
+import functools
+
 from enum import Enum
 from typing import Any, Optional, Sequence
 
@@ -143,16 +145,32 @@ def _cost(ctx: Context, kind: str, S: float, g: ProcessGroup, root: int,
     hit = ctx.cost_cache.get(key) if traffic is None else None
     if hit is not None:
         return hit
-    algo = cost_model.preferred("all_to_all" if traffic is not None else kind, ctx.algorithm,
-                                g.ranks, ctx.topology)
-    c = cost_model.collective_cost(kind, S, g.ranks, ctx.topology, algo, traffic)
+    if traffic is None:  # the group's part, the same on each member: computed once
+        try:
+            c, nodes = _group_cost(kind, S, g.ranks, root, ctx.algorithm, ctx.topology)
+        except TypeError:  # an algorithm given per kind (a dict): not cached
+            c, nodes = _group_cost.__wrapped__(kind, S, g.ranks, root, ctx.algorithm,
+                                               ctx.topology)
+    else:
+        algo = cost_model.preferred("all_to_all", ctx.algorithm, g.ranks, ctx.topology)
+        c = cost_model.collective_cost(kind, S, g.ranks, ctx.topology, algo, traffic)
+        nodes = len({ctx.topology.node_of(r) for r in g.ranks})
     me = g.group_rank(ctx.rank)
-    nodes = len({ctx.topology.node_of(r) for r in g.ranks})
     sent = cost_model.bytes_sent(kind, c.algorithm, S, g.size, me, root, nodes,
                                  traffic[me] if traffic else None)
     if traffic is None:
         ctx.cost_cache[key] = (c, sent)
     return c, sent
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_cost(kind: str, S: float, ranks: tuple, root: int, algorithm: str,
+                topology) -> tuple[cost_model.Cost, int]:
+    """(collective_cost, nodes the group spans): O(g) to compute, so once per group and
+    call shape rather than once per member (O(g^2) a collective at thousands of ranks)."""
+    algo = cost_model.preferred(kind, algorithm, ranks, topology)
+    c = cost_model.collective_cost(kind, S, ranks, topology, algo, None)
+    return c, len({topology.node_of(r) for r in ranks})
 
 
 def _size_from(kind: str, result: Any, n: int) -> float:
