@@ -2,6 +2,7 @@
 
     minipar tour [--trace PATH] [--ascii] [--width N] [--megabytes M]
     minipar incident NAME          (a: TP across nodes, b: the pipeline bubble, c: ZeRO-3 + activation checkpointing)
+    minipar example NAME           (kitchen: DP 2 x TP 4 x PP 3; 70b: TP 4, PP 2, DP 8 on 64)
     minipar train [--steps N] [--batch B] [--micro-batches K] [--seq-len S] [--layers L]
                   [--hidden H] [--heads A] [--lr LR] [--warmup W] [--dtype D] [--seed N]
                   [--pp N] [--schedule NAME] [--chunks V]
@@ -29,7 +30,7 @@ from .course import find_lesson, grade
 from .course.grading import TIME_LIMIT
 from .data import load_corpus
 from .parallel.pp import SCHEDULES
-from .programs import lessons, train_report
+from .programs import examples, lessons, train_report
 from .programs.incidents import INCIDENTS, get
 from .programs.tour import MAX_MEGABYTES, run_tour, tour_nbytes
 from .programs.train import TrainConfig, generate, train
@@ -48,6 +49,11 @@ def _tour(args: argparse.Namespace) -> int:
 
 def _incident(args: argparse.Namespace) -> int:
     get(args.name).run(out=print)
+    return 0
+
+
+def _example(args: argparse.Namespace) -> int:
+    examples.get(args.name).run(out=print)
     return 0
 
 
@@ -259,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     inc.add_argument("name", choices=sorted(INCIDENTS), metavar="NAME",
                      help="which incident: " + ", ".join(sorted(INCIDENTS)))
     inc.set_defaults(func=_incident)
+
+    ex = sub.add_parser("example", help="run one of the seed's 3-D layouts on simulated GPUs",
+                        description="; ".join(f"{k}: {w}" for k, (_, w) in
+                                              examples.EXAMPLES.items()))
+    ex.add_argument("name", choices=sorted(examples.EXAMPLES), metavar="NAME")
+    ex.set_defaults(func=_example)
 
     le = sub.add_parser("lessons", help="the course: list the lessons, show one's files, "
                                          "regenerate the exercises",

@@ -1,4 +1,4 @@
-"""64 GPUs, a 70B model, nodes of 8 with NVLink: TP = 4, PP = 2, DP = 8 — run small, computed at full width.
+"""64 GPUs, 70B, nodes of 8: TP = 4, PP = 2, DP = 8 — run small, computed at full width.
 
     N = TP x PP x DP = 4 x 2 x 8 = 64        bytes a rank sends a step, by link class
 
@@ -99,6 +99,11 @@ def claims(small: dict, big: dict, ethernet: dict) -> list[tuple[str, str]]:
     dp_msg = max(unit_elements(BIG, 4, 0, 2)) * 2
     compute = big["megatron"]["compute_seconds"]
     eth = ethernet["stages"][0]
+    tp8 = big["tp8"]["stages"][0]["tp"]
+    tp8_bytes = tp8["intra"] + tp8["inter"]
+    mem8, mem4 = (big[k]["memory"]["SP + selective"] for k in ("tp8", "megatron"))
+    ib = {k: _total(big[k]["stages"][0], "inter") for k in LAYOUTS}
+    fewest = min(ib, key=ib.get)
     fits = [k for k, v in big["megatron"]["memory"].items() if v <= HBM]
     out = [
         ("N = TP x PP x DP", f"{dims.tp} x {dims.pp} x {dims.dp} = {dims.world_size}: "
@@ -108,22 +113,31 @@ def claims(small: dict, big: dict, ethernet: dict) -> list[tuple[str, str]]:
         ("TP moves the most data", f"at 70B a stage-0 GPU sends {bytes_text(tp)} for TP, "
          f"{tp / dp:.0f}x its DP bytes and {tp / pp:.0f}x its PP bytes: "
          f"{'holds' if tp > max(pp, dp) else 'does not hold'}"),
-        ("PP transfers are few but large", f"{s0['pp']['count']} sends against "
+        ("PP transfers are few but large", f"{big['megatron']['m']} sends a GPU (activations "
+         f"or their gradients) against "
          f"{s0['tp']['count']:,} TP all-reduces (few: holds); each send "
          f"{bytes_text(pp_msg)}, the size of one TP all-reduce's buffer and 1/"
          f"{dp_msg / pp_msg:.0f} of one block's DP reduce-scatter (large: no)"),
         ("DP syncs once a step, so Ethernet suffices", f"on 100G Ethernet the DP "
          f"reduce-scatters and all-gathers take {eth['dp']['seconds']:.2f} s, "
          f"{100 * eth['dp']['seconds'] / compute:.1f} % of the {compute:.1f} s of matmuls "
-         f"(and the PP sends {eth['pp']['seconds']:.2f} s, on the critical path): holds at "
-         f"this batch, if overlapped"),
-        ("TP=4 x PP=2 x DP=8 fits a 70B model", f"states {bytes_text(big['megatron']['ddp_states'])}"
-         f" a GPU under DDP (does not fit {HBM / 1e9:.0f} GB), "
+         f"(and the PP sends {eth['pp']['seconds']:.2f} s, on the critical path): "
+         + ("holds at this batch, if overlapped" if eth["dp"]["seconds"] < 0.1 * compute
+            else "does not hold: over 10 % of the compute")),
+        ("TP=4 x PP=2 x DP=8 fits a 70B model", f"states "
+         f"{bytes_text(big['megatron']['ddp_states'])} a GPU under DDP (does not fit {HBM / 1e9:.0f} GB), "
          f"{bytes_text(big['megatron']['states'])} under ZeRO-1; with activations it fits "
          f"with: {', '.join(fits) or 'none'}"),
+        ("TP = the GPUs of a node (8), yet the example takes TP = 4",
+         f"TP = 8 with PP = 1 sends {tp8_bytes / tp:.2f}x the TP bytes of TP = 4, PP = 2 "
+         f"({bytes_text(tp8_bytes)}: 7/8 of each buffer instead of 3/4, twice the layers a "
+         f"GPU), {tp8['seconds']:.1f} s against {s0['tp']['seconds']:.1f} s; it has no bubble, "
+         f"and with SP + selective recompute needs {mem8 / 1e9:.0f} GB against "
+         f"{mem4 / 1e9:.0f} GB"),
         ("place TP in the node first, DP outermost", "IB bytes a stage-0 GPU sends: " + ", ".join(
-            f"{LAYOUTS[k][0]} {bytes_text(_total(big[k]['stages'][0], 'inter'))}"
-            for k in LAYOUTS)),
+            f"{LAYOUTS[k][0]} {bytes_text(ib[k])}" for k in LAYOUTS)
+         + f"; fewest: {LAYOUTS[fewest][0]}; dp outermost sends {ib['dp_outer'] / ib[fewest]:.2f}x "
+           f"as much (pp slowest lets the 2 dp ranks of a node reduce over NVLink first)"),
     ]
     return out
 

@@ -148,14 +148,15 @@ def predict(cfg: GPTConfig, dims: ParallelDims, topo: Topology, rank: int, globa
             loss_bytes: Optional[int] = None) -> dict[str, dict[str, float]]:
     """What `measured` reads from rank `rank`'s trace over one step (forward, backward,
     optimizer step) of parallelize(cfg, dims, zero=zero, schedule=<one stage a rank>,
-    microbatches=m), untied embeddings, no SP, no clipping; each row also has "seconds",
-    the cost model's durations summed (serially: no overlap, no bubble). grad_bytes: bytes of a gradient
-    element on the wire (default the model dtype's); loss_bytes: of the cross-entropy's
-    per-token reductions (default float32 for 16-bit models, else the dtype's)."""
+    microbatches=m), untied embeddings, no SP, no clipping. Each row also has "seconds":
+    the cost model's durations summed (serially: no overlap, no bubble). grad_bytes: bytes
+    of a gradient element on the wire (default the model dtype's); loss_bytes: of the
+    cross-entropy's per-token reductions (default float32 for 16-bit models)."""
     if cfg.tie_embeddings or zero not in (0, 1, 2) or (zero and dims.dp_replicate > 1):
         raise ValueError(f"predict covers untied embeddings under DDP or ZeRO-1/2 over "
                          f"dp_shard alone; got tie_embeddings={cfg.tie_embeddings}, "
-                         f"zero={zero}, {dims}")
+                         f"zero={zero}, {dims}: untie the embeddings, use zero 0, 1 or 2 with "
+                         f"dp_replicate=1, or read the bytes from a run's trace (measured)")
     item = np.dtype(cfg.np_dtype).itemsize
     grad_bytes = grad_bytes or item
     loss_bytes = loss_bytes or (4 if item == 2 else item)
