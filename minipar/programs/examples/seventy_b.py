@@ -104,6 +104,7 @@ def claims(small: dict, big: dict, ethernet: dict) -> list[tuple[str, str]]:
     mem8, mem4 = (big[k]["memory"]["SP + selective"] for k in ("tp8", "megatron"))
     ib = {k: _total(big[k]["stages"][0], "inter") for k in LAYOUTS}
     fewest = min(ib, key=ib.get)
+    ddp = big["megatron"]["ddp_states"]
     fits = [k for k, v in big["megatron"]["memory"].items() if v <= HBM]
     out = [
         ("N = TP x PP x DP", f"{dims.tp} x {dims.pp} x {dims.dp} = {dims.world_size}: "
@@ -125,7 +126,8 @@ def claims(small: dict, big: dict, ethernet: dict) -> list[tuple[str, str]]:
          + ("holds at this batch, if overlapped" if eth["dp"]["seconds"] < 0.1 * compute
             else "does not hold: over 10 % of the compute")),
         ("TP=4 x PP=2 x DP=8 fits a 70B model", f"states "
-         f"{bytes_text(big['megatron']['ddp_states'])} a GPU under DDP (does not fit {HBM / 1e9:.0f} GB), "
+         f"{bytes_text(ddp)} a GPU under DDP ({'fits' if ddp <= HBM else 'does not fit'} "
+         f"{HBM / 1e9:.0f} GB), "
          f"{bytes_text(big['megatron']['states'])} under ZeRO-1; with activations it fits "
          f"with: {', '.join(fits) or 'none'}"),
         ("TP = the GPUs of a node (8), yet the example takes TP = 4",
