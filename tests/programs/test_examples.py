@@ -2,6 +2,9 @@
 kitchen and the 64-GPU layout equal to one device, their bytes equal to hand formulas and
 to traffic.predict, the 70B figures to the formulas, and the CLI runs them."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -168,3 +171,34 @@ def test_the_command_runs_an_example(monkeypatch, capsys):
     assert sorted(examples.EXAMPLES) == ["70b", "kitchen"]
     with pytest.raises(KeyError, match="the examples are"):
         examples.get("13b")
+
+
+def test_the_7b_rule_is_zero2_plus_the_activation_formula():
+    from minipar.programs.examples.small_model import SEVEN_B, pipeline_idle, zero2_memory
+    psi, h, a, L = SEVEN_B.num_parameters(), SEVEN_B.hidden, SEVEN_B.num_heads, 32
+    for s in (4096, 32768):  # bf16, no dropout, one sequence: 32 s h + 2 a s^2 a layer
+        assert zero2_memory(SEVEN_B, 8, s) == pytest.approx(
+            2 * psi + 14 * psi / 8 + L * (32 * s * h + 2 * a * s * s), rel=1e-12)
+        assert zero2_memory(SEVEN_B, 8, s, "full") == pytest.approx(
+            2 * psi + 14 * psi / 8 + L * 2 * s * h, rel=1e-12)
+    assert pipeline_idle(2, 8) == 1 / 9
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "composition.md"
+
+
+def test_the_composition_page_cites_names_the_code_has_and_its_figures():
+    text = DOC.read_text()
+    source = " ".join(p.read_text() for p in (DOC.parents[1] / "minipar").rglob("*.py"))
+    cited = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", text)) - {"init_device_mesh"}
+    missing = sorted(n for n in cited if not re.search(rf"\b{n}\b", source))
+    assert not missing, f"docs/composition.md cites names the code does not have: {missing}"
+    from minipar.programs.examples.small_model import rule_table
+    rows = {(r["dp"], r["seq_len"], r["recompute"]): r["gb"] for r in rule_table()}
+    for key in ((8, 4096, "none"), (8, 4096, "selective"), (8, 4096, "full"),
+                (8, 32768, "full"), (8, 32768, "selective")):
+        assert f"{rows[key]:.0f} GB" in text, key
+    big = {k: seventy_b.at_full_width(k) for k in ("megatron", "dp_outer")}
+    ib = [sum(r["inter"] for r in big[k]["stages"][0].values()) for k in big]
+    assert f"{ib[0] / 1e9:.1f} GB across nodes" in text and f"{ib[1] / 1e9:.1f} GB, " \
+        f"{ib[1] / ib[0]:.2f}x as much" in text

@@ -33,6 +33,7 @@ LAYOUTS = {  # key -> (label, dims)
     "dp_outer": ("TP=4 PP=2 DP=8, dp outermost",
                  ParallelDims(dp_shard=8, pp=2, tp=4, order="tp-pp-dp")),
     "tp8": ("TP=8 PP=1 DP=8, TP = the node", ParallelDims(dp_shard=8, tp=8)),
+    "pp1": ("TP=4 PP=1 DP=16, no pipeline", ParallelDims(dp_shard=16, tp=4)),
 }
 SMALL = GPTConfig(vocab_size=16, seq_len=8, hidden=16, num_heads=8, num_layers=2,
                   ffn_hidden=32, seed=0)
@@ -102,6 +103,8 @@ def claims(small: dict, big: dict, ethernet: dict) -> list[tuple[str, str]]:
     tp8 = big["tp8"]["stages"][0]["tp"]
     tp8_bytes = tp8["intra"] + tp8["inter"]
     mem8, mem4 = (big[k]["memory"]["SP + selective"] for k in ("tp8", "megatron"))
+    one = big["pp1"]["stages"][0]
+    dp1 = one["dp"]["intra"] + one["dp"]["inter"]
     ib = {k: _total(big[k]["stages"][0], "inter") for k in LAYOUTS}
     fewest = min(ib, key=ib.get)
     ddp = big["megatron"]["ddp_states"]
@@ -136,6 +139,11 @@ def claims(small: dict, big: dict, ethernet: dict) -> list[tuple[str, str]]:
          f"GPU), {tp8['seconds']:.1f} s against {s0['tp']['seconds']:.1f} s; it has no bubble, "
          f"and with SP + selective recompute needs {mem8 / 1e9:.0f} GB against "
          f"{mem4 / 1e9:.0f} GB"),
+        ("communication > 30 % of compute: fewer PP stages", f"TP=4 PP=1 DP=16 sends "
+         f"{bytes_text(one['tp']['intra'] + one['tp']['inter'])} for TP (the same: "
+         f"L B s h tp / N a GPU whatever pp and dp are) and {dp1 / dp:.2f}x the DP bytes "
+         f"(twice the parameters a GPU): fewer stages remove the bubble and the sends, not "
+         f"the all-reduces"),
         ("place TP in the node first, DP outermost", "IB bytes a stage-0 GPU sends: " + ", ".join(
             f"{LAYOUTS[k][0]} {bytes_text(ib[k])}" for k in LAYOUTS)
          + f"; fewest: {LAYOUTS[fewest][0]}; dp outermost sends {ib['dp_outer'] / ib[fewest]:.2f}x "
