@@ -2,7 +2,7 @@
 
     minipar tour [--trace PATH] [--ascii] [--width N] [--megabytes M]
     minipar incident NAME          (a: TP across nodes, b: the pipeline bubble, c: ZeRO-3 + activation checkpointing)
-    minipar example NAME           (kitchen: DP 2 x TP 4 x PP 3; 70b: TP 4, PP 2, DP 8 on 64)
+    minipar example NAME           (kitchen: DP 2 x TP 4 x PP 3; 70b: TP 4, PP 2, DP 8; 7b)
     minipar train [--steps N] [--batch B] [--micro-batches K] [--seq-len S] [--layers L]
                   [--hidden H] [--heads A] [--lr LR] [--warmup W] [--dtype D] [--seed N]
                   [--pp N] [--schedule NAME] [--chunks V]

@@ -168,7 +168,7 @@ def test_the_command_runs_an_example(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         main(["example", "nope"])
     assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
-    assert sorted(examples.EXAMPLES) == ["70b", "kitchen"]
+    assert sorted(examples.EXAMPLES) == ["70b", "7b", "kitchen"]
     with pytest.raises(KeyError, match="the examples are"):
         examples.get("13b")
 
@@ -182,6 +182,13 @@ def test_the_7b_rule_is_zero2_plus_the_activation_formula():
         assert zero2_memory(SEVEN_B, 8, s, "full") == pytest.approx(
             2 * psi + 14 * psi / 8 + L * 2 * s * h, rel=1e-12)
     assert pipeline_idle(2, 8) == 1 / 9
+    from minipar.programs.examples.small_model import run
+    lines = []
+    got = run(lines.append)
+    fits = {(r["seq_len"], r["recompute"]) for r in got["rows"] if r["fits"]}
+    assert {(4096, k) for k in ("none", "selective", "full")} <= fits
+    assert {k for s, k in fits if s == 32768} == {"full"}
+    assert "every short-sequence row fits: True" in "\n".join(lines)
 
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "composition.md"

@@ -1,4 +1,4 @@
-"""One training step of a dp x pp x tp layout, next to one device: what the examples share.
+"""loss_3d = loss_one_device, grad_3d = grad_one_device: one dp x pp x tp step beside one device.
 
     loss_layout = mean over dp blocks of the last stage's loss = loss_one_device
     grad_layout = the dp-averaged gradient, tp shards gathered  = grad_one_device

@@ -1,4 +1,4 @@
-"""Bytes per link class: read from a trace, or predicted for a 3-D layout at any width.
+"""sent(rank) = intra + inter bytes by link class: read from a trace, or predicted at any width.
 
     sent(rank) = sum over its events of the bytes it put on the wire, split by link class:
                  "intra" (NVLink, inside a node) and "inter" (InfiniBand, across nodes)
