@@ -8,7 +8,8 @@ steps with the gradient norm clipped, tensor parallelism with sequence paralleli
 tp = 2, a pipeline on pp = 2 (4 micro-batches a step) and data parallelism on dp = 2: the
 1F1B and ZB-H1 schedules, each under DDP and under ZeRO-1. Each rank writes
 OUT_DIR/<case>/rank<r>.npz (allow_pickle=False): its losses, its parameters after the
-steps, the gradient norm of the last step and its simulated clock.
+steps, the gradient norm of the last step, its simulated clock and its trace (every
+event's stream, name, label, start and end).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ def program(ctx, case: str) -> dict[str, np.ndarray]:
     out["grad_norm"] = np.array(run.engine.last_grad_norm)
     c = ctx.clock
     out["clock"] = np.array([c.compute, c.comm, c.p2p, c.elapsed()])
+    events = ctx.trace.events
+    out["trace_names"] = np.array([f"{e.stream}:{e.name}:{e.label}" for e in events])
+    out["trace_times"] = np.array([[e.start, e.end] for e in events]).reshape(-1, 2)
     return out
 
 

@@ -15,10 +15,13 @@ Each also Iallreduces (MAX) the members' `local_start` into `Outcome.start` and
 Iallgathers their `size_info`, so clocks, ledgers and traces are the sim backend's. Data
 moves as bytes; a header (dtype code, ndim, shape, a time) tells receivers what comes.
 
-Reductions: MPI reduces float32/64 and integers itself (avg = sum / n, as in reference.py)
-in an order of its choosing, so float results may differ from the sim backend's in the
-last bits. It cannot add bfloat16 or float16: those blocks are all-gathered and reduced
-by reference.py in group order, giving the sim backend's bits.
+Reductions: MPI reduces integers, and float32/64 over two ranks or above 64 KiB a rank
+(mpi_steps.ORDERED_BYTES), itself (avg = sum / n, as in reference.py), in an order of
+its choosing: the sim backend's bits wherever order cannot matter (integers, max, min,
+a + b = b + a over two ranks), and maybe not in the last bits of a large float sum over
+more ranks. Smaller float sums and products over more than two ranks, and every
+reduction of bfloat16 or float16 (which MPI cannot add), are all-gathered and reduced by
+reference.py in group order, giving the sim backend's bits (mpi_steps.in_group_order).
 
 Point to point: `send` Isends a header and a private copy of the data and keeps both until
 complete (all complete at the end of `launch_mpi`); `recv` posts its header receive at
@@ -65,8 +68,8 @@ from ..group import ProcessGroup
 from ..result import LaunchResult
 from ..topology import Topology
 from .base import Call, Outcome
-from .mpi_steps import (CACHE, HEADER, KINDS, NATIVE, Steps, as_bytes, by_reference, caller,
-                        check_movable, header, private_copy, unheader)
+from .mpi_steps import (CACHE, HEADER, KINDS, Steps, as_bytes, by_reference, caller,
+                        check_movable, header, in_group_order, private_copy, unheader)
 
 
 # ---- handles --------------------------------------------------------------------------
@@ -207,7 +210,7 @@ class MpiBackend:
             first.append(comm.Iallgather(mine, infos))
         kind = KINDS[call.ref_kind]
         if call.kind in ("all_reduce", "reduce", "reduce_scatter") and \
-                call.payload.dtype not in NATIVE:
+                in_group_order(call.payload, call.params["op"], comm.size):
             kind = by_reference
         return MpiHandle(self, call, kind(comm, me, call), first, (start, latest, mine, infos))
 
