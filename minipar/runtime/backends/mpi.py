@@ -68,8 +68,9 @@ from ..group import ProcessGroup
 from ..result import LaunchResult
 from ..topology import Topology
 from .base import Call, Outcome
-from .mpi_steps import (CACHE, HEADER, KINDS, Steps, as_bytes, by_reference, caller,
-                        check_movable, header, in_group_order, private_copy, unheader)
+from .mpi_steps import (CACHE, CODES, HEADER, KINDS, MAX_NDIM, Steps, as_bytes, by_reference,
+                        caller, check_movable, header, in_group_order, private_copy,
+                        unheader)
 
 
 # ---- handles --------------------------------------------------------------------------
@@ -109,7 +110,10 @@ class MpiHandle:
 
     def wait(self) -> Outcome:
         while self._outcome is None:
-            self._guard(self._b.block, self._reqs, self)
+            if len(self._b.inflight) == 1:  # only this one: nothing else to keep moving
+                self._guard(MPI.Request.Waitall, self._reqs)
+            else:
+                self._guard(self._b.block, self._reqs, self)
             self._next()
         return self._outcome
 
@@ -192,17 +196,25 @@ class MpiBackend:
             tag = zlib.crc32(repr(group.key).encode()) % 32768  # the same on every member
             everyone = self.world.Get_group()
             members = everyone.Incl(list(group.ranks))
-            self._comms[group.key] = self.world.Create_group(members, tag)
+            comm = self.world.Create_group(members, tag)
+            self._comms[group.key] = (comm, comm.Get_rank())  # group rank i = comm rank i
             members.Free(), everyone.Free()
-        return self._comms[group.key]
+        return self._comms[group.key][0]
 
     def collective(self, call: Call) -> MpiHandle:
         if call.ref_kind not in KINDS:
             raise CollectiveUsageError(f"{caller(call)}: the mpi backend has no {call.kind!r}")
-        for a in [call.payload] if isinstance(call.payload, np.ndarray) else call.payload or []:
-            check_movable(np.asarray(a), call)
-        comm, me = self.comm(call.group), call.group.group_rank(call.rank)
-        start, latest = np.array([call.local_start], np.float64), np.empty(1)
+        x = call.payload
+        if isinstance(x, np.ndarray):
+            if x.dtype not in CODES or x.ndim > MAX_NDIM:
+                check_movable(x, call)
+        else:
+            for a in x or ():
+                check_movable(np.asarray(a), call)
+        if call.group.key not in self._comms:
+            self.comm(call.group)
+        comm, me = self._comms[call.group.key]
+        start, latest = np.array([call.local_start]), np.empty(1)  # float64 both
         first, mine, infos = [comm.Iallreduce(start, latest, MPI.MAX)], None, None
         if call.size_info is not None:
             mine = np.asarray(call.size_info, np.int64)
@@ -241,7 +253,7 @@ class MpiBackend:
         for reqs, *_ in self._sends:
             MPI.Request.Waitall(reqs)
         self._sends.clear()
-        for c in [self.heads, self.data, *self._comms.values()]:
+        for c in [self.heads, self.data, *(c for c, _ in self._comms.values())]:
             c.Free()
         self._comms.clear()
 
