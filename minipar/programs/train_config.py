@@ -33,6 +33,14 @@ MIXED = ("bfloat16", "float16")
 NO_DECAY = ("*.bias", "*ln*")  # biases and LayerNorm gains/shifts are not decayed (GPT-2/3)
 
 
+def gpt_config(vocab_size: int, vocab_divisible_by: int = 1, **fields: Any) -> GPTConfig:
+    """The GPT a run trains: a tokenizer's `vocab_size` padded to a multiple of
+    `vocab_divisible_by` (Megatron's make-vocab-size-divisible-by; the padded rows are never
+    a target), and GPTConfig's other `fields`."""
+    return GPTConfig(vocab_size=padded_vocab_size(vocab_size, 1, vocab_divisible_by),
+                     **fields)
+
+
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"TrainConfig.{name} must be an integer, got {value!r}")
@@ -205,9 +213,9 @@ class TrainConfig:
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The GPT this run trains, for a tokenizer with `vocab_size` symbols (padded to a
         multiple of vocab_divisible_by)."""
-        return GPTConfig(vocab_size=padded_vocab_size(vocab_size, 1, self.vocab_divisible_by), seq_len=self.seq_len, hidden=self.hidden,
-                         num_heads=self.num_heads, num_layers=self.num_layers,
-                         dtype=self.dtype, seed=self.seed)
+        return gpt_config(vocab_size, self.vocab_divisible_by, seq_len=self.seq_len,
+                          hidden=self.hidden, num_heads=self.num_heads,
+                          num_layers=self.num_layers, dtype=self.dtype, seed=self.seed)
 
     @property
     def tokens_per_step(self) -> int:

@@ -68,16 +68,18 @@ def summary(cfg, r) -> list[str]:
     where = (f"one simulated {r.device_name}" if not cfg.parallel else
              f"{devices} simulated {r.device_name} device{'s' if devices > 1 else ''}"
              + (f", a pipeline of {cfg.pp * cfg.chunks} stages" if cfg.pipelined else ""))
+    padded = (f" (padded to {m.vocab_size})" if m.vocab_size != r.tokenizer.vocab_size
+              else "")
     lines = [
         f"minipar train: GPT, {m.num_layers} layers, hidden {m.hidden}, {m.num_heads} heads, "
-        f"{m.vocab_size}-character vocabulary: {r.num_parameters:,} parameters in {cfg.dtype} "
+        f"{r.tokenizer.vocab_size}-character vocabulary{padded}: {r.num_parameters:,} parameters in {cfg.dtype} "
         f"on {where}",
         f"  batches         {cfg.steps} steps of {cfg.global_batch} sequences x {cfg.seq_len} "
         f"characters ({cfg.tokens_per_step:,} tokens), {cfg.num_microbatches} micro-batch"
         f"{'es' if cfg.num_microbatches > 1 else ''} each",
     ]
     if cfg.parallel:
-        lines.append(f"  layout          {layout(cfg)} on {r.topology}")
+        lines += [f"  layout          {layout(cfg)}", f"  cluster         {r.topology}"]
     if cfg.pipelined:
         lines.append(
             f"  pipeline        {cfg.schedule}, pp {cfg.pp}, {cfg.chunks} chunk"
@@ -116,12 +118,11 @@ def summary(cfg, r) -> list[str]:
 
 
 def layout(cfg) -> str:
-    """'dp 2 (ZeRO-1) x pp 2 (1f1b, m 4) x tp 2 + SP = 8 ranks, tp fastest'."""
+    """'dp 2 (ZeRO-1) x pp 2 x tp 2 + SP = 8 ranks (tp fastest, pp slowest)'."""
     dp = f"dp {cfg.dp}" + (f" (ZeRO-{cfg.zero})" if cfg.zero else " (DDP)" if cfg.dp > 1 else "")
-    pp = f"pp {cfg.pp}" + (f" ({cfg.schedule}, m {cfg.num_microbatches})" if cfg.pipelined
-                           else "")
     tp = f"tp {cfg.tp}" + (" + SP" if cfg.sequence_parallel else "")
-    return f"{dp} x {pp} x {tp} = {cfg.world_size} ranks, tp fastest"
+    return (f"{dp} x pp {cfg.pp} x {tp} = {cfg.world_size} ranks (tp fastest, pp slowest, "
+            f"as Megatron orders them)")
 
 
 def rank_label(ranks: list[int]) -> str:
