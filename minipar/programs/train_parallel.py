@@ -26,7 +26,9 @@ with equal stages and free messages is reported too, read from its dry run: (p -
 p - 1) of a step for GPipe and 1F1B, (p - 1)/(v·m + p - 1) interleaved, less under the
 zero-bubble schedules (ZB-H1, ZB-H2, ZBV, DualPipeV), with `bubble_over_ideal`, the same
 idle over the busy time (the papers' bubble fraction). Memory peaks are kept per rank, by
-the ledger's categories, and taken before the end's gathering of the weights.
+the ledger's categories, over the training steps: after the build (which initialises each
+weight at its full shape, then keeps the rank's part) and before the end's gathering of
+the weights.
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
                           weight_decay_filter=no_decay_for(*NO_DECAY), **piped)
         sched = WarmupCosine(run.engine, max_lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                              total_steps=cfg.steps, min_lr=cfg.min_lr)
+        # peaks from here on: the build initialises every weight at its full shape (so that
+        # every layout starts from one device's model), then keeps this rank's part only
+        ctx.ledger.reset_peak()
         dp = run.groups.dp
         losses, lrs, norms = [], [], []
         clock = StepClock(ctx)

@@ -101,6 +101,16 @@ def test_ddp_replicates_the_model_states_and_zero_1_halves_the_optimizers(one, r
     assert [p["optimizer_states"] for p in z1.rank_peaks] == [mine["optimizer_states"] // 2] * 2
 
 
+def test_pipeline_ranks_hold_their_stages_parameters_only(one, runs):
+    """dp 2 (ZeRO-1) x pp 2: ranks 0 and 2 (dp 0, pp 0 and 1; tp fastest, pp slowest) hold
+    the two stages; their parameters add up to one device's, to the byte (peaks over the
+    steps: the build's full-shape initialisation is not counted)."""
+    peaks = runs["dp 2 (ZeRO-1) x pp 2"].rank_peaks
+    assert 0 < peaks[0]["parameters"] < one.rank_peaks[0]["parameters"]
+    assert peaks[0]["parameters"] + peaks[2]["parameters"] == one.rank_peaks[0]["parameters"]
+    assert peaks[0]["parameters"] == peaks[1]["parameters"]  # dp replicas of one stage
+
+
 def test_split_step_on_a_hand_made_trace():
     """compute [0,1) and [4,5); a NVLink collective [1,3) and an IB one [2,4) (the slower
     wins [2,3)); a receive hidden under the compute; a pipeline action's span (meta
