@@ -4,7 +4,8 @@
     minipar incident NAME          (a: TP across nodes, b: the pipeline bubble, c: ZeRO-3 + activation checkpointing)
     minipar train [--steps N] [--batch B] [--micro-batches K] [--seq-len S] [--layers L]
                   [--hidden H] [--heads A] [--lr LR] [--warmup W] [--dtype D] [--seed N]
-                  [--dp N] [--zero Z] [--pp N] [--schedule NAME] [--chunks V] [--tp N] [--sp]
+                  [--dp N] [--zero Z] [--dp-replicate R] [--pp N] [--schedule NAME]
+                  [--chunks V] [--tp N] [--sp]
                   [--nodes N] [--gpus-per-node G] [--make-vocab-size-divisible-by N]
                   [--sample N] [--temperature T] [--prompt TEXT] [--quiet]
     minipar lessons [list | open NN | build [--check] [--force] [NN ...] | corpus [NN ...]]
@@ -268,6 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, metavar="Z",
                     help="0: DDP over --dp; 1, 2, 3: ZeRO-1/2/3 (optimizer states, + "
                          "gradients, + parameters partitioned over --dp) (0)")
+    tr.add_argument("--dp-replicate", metavar="R", type=_pp, default=1,
+                    help="with --zero 1-3: shard over --dp / R ranks and replicate the shards "
+                         "R times (HYBRID_SHARD's split: shard inside a node, replicate "
+                         "across) (1)")
     tr.add_argument("--pp", metavar="N", type=_pp, default=1,
                     help="pipeline stages, one simulated device each, at most 64; "
                          "--micro-batches is then the pipeline's m (1: one device)")

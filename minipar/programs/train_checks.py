@@ -170,8 +170,8 @@ def in_flags(text: str) -> str:
 
 def layout_flag_error(dp: int, pp: int, tp: int, zero: int, sp: bool, nodes: Optional[int],
                       gpus_per_node: Optional[int], batch: int, microbatches: int,
-                      dtype: str, mcfg) -> Optional[str]:
-    """What `minipar train` must refuse in --dp, --tp, --zero, --sp, --nodes,
+                      dtype: str, mcfg, dp_replicate: int = 1) -> Optional[str]:
+    """What `minipar train` must refuse in --dp, --dp-replicate, --tp, --zero, --sp, --nodes,
     --gpus-per-node, said in flag names, or None. `mcfg`: the GPTConfig the flags describe
     (its vocabulary padded as --make-vocab-size-divisible-by says); the tensor-parallel
     split is the library's own check (check_tensor_parallel)."""
@@ -182,6 +182,10 @@ def layout_flag_error(dp: int, pp: int, tp: int, zero: int, sp: bool, nodes: Opt
     if zero and dp == 1:
         return (f"--zero {zero} partitions the training state over the data-parallel ranks, "
                 f"and --dp is 1: give --dp N (N > 1), or leave --zero out (DDP)")
+    if dp_replicate > 1 and (zero == 0 or dp % dp_replicate):
+        return (f"--dp-replicate {dp_replicate} replicates ZeRO's shards over groups of --dp "
+                f"{dp} / {dp_replicate} ranks: give --zero 1, 2 or 3 and a --dp-replicate in "
+                f"{divisors(dp)}" + ("" if zero else " (--zero 0, DDP, replicates already)"))
     if sp and tp == 1:
         return ("--sp splits each sequence over the tensor-parallel group, and --tp is 1: "
                 "give --tp N (N > 1), or leave --sp out")

@@ -48,7 +48,7 @@ def check_flags(args: argparse.Namespace, warmup: int) -> None:
                       num_layers=args.layers, dtype=args.dtype, seed=args.seed)
     error = layout_flag_error(args.dp, args.pp, args.tp, args.zero, args.sp, args.nodes,
                               args.gpus_per_node, args.batch, args.micro_batches, args.dtype,
-                              mcfg)
+                              mcfg, args.dp_replicate)
     if error:
         args.parser.error(error)
     unknown = sorted(set(args.prompt) - set(corpus))
@@ -65,6 +65,7 @@ def _config(args: argparse.Namespace, warmup: int) -> TrainConfig:
                        dtype=args.dtype, seed=args.seed, pp=args.pp,
                        schedule=args.schedule or "1f1b", chunks=args.chunks, dp=args.dp,
                        tp=args.tp, sequence_parallel=args.sp, zero=args.zero,
+                       dp_replicate=args.dp_replicate,
                        nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                        vocab_divisible_by=args.vocab_divisible_by)
 

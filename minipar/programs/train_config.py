@@ -64,7 +64,8 @@ class TrainConfig:
     .SCHEDULES: "gpipe", "1f1b", "interleaved_1f1b" with `chunks` stages per rank, the
     zero-bubble "zb_h1", "zb_h2", and the V schedules "zbv", "dualpipev" with two) over the
     `num_microbatches`; `chunks` None is the schedule's own (1, or 2 in a V).
-    Layout: `dp` data-parallel ranks (`zero` 0: DDP, 1-3: ZeRO-1/2/3 over them), `tp`
+    Layout: `dp` data-parallel ranks (`zero` 0: DDP, 1-3: ZeRO-1/2/3 over them, or over
+    dp / `dp_replicate` of them, replicated `dp_replicate` times: HYBRID_SHARD's split), `tp`
     tensor-parallel ranks (`sequence_parallel` splits the sequence over them too), `pp`
     stages, on `nodes` x `gpus_per_node` (None: derived from the other, or one node).
     `vocab_divisible_by`: the vocabulary padded to a multiple of it (Megatron's
@@ -93,6 +94,7 @@ class TrainConfig:
     tp: int = 1
     sequence_parallel: bool = False
     zero: int = 0
+    dp_replicate: int = 1
     nodes: Optional[int] = None
     gpus_per_node: Optional[int] = None
     vocab_divisible_by: int = 1
@@ -103,6 +105,7 @@ class TrainConfig:
         for name, minimum in (("steps", 1), ("global_batch", 1), ("num_microbatches", 1),
                               ("warmup_steps", 0), ("seed", 0), ("log_every", 1), ("pp", 1),
                               ("chunks", 1), ("dp", 1), ("tp", 1), ("zero", 0),
+                              ("dp_replicate", 1),
                               ("vocab_divisible_by", 1)):
             _check_int(name, getattr(self, name), minimum)
         if self.global_batch % self.num_microbatches:
@@ -150,8 +153,10 @@ class TrainConfig:
 
     @property
     def dims(self) -> ParallelDims:
-        """The layout: DDP's replicas are dp_replicate, ZeRO's shards dp_shard."""
-        rep, shard = (self.dp, 1) if self.zero == 0 else (1, self.dp)
+        """The layout: DDP's replicas are dp_replicate, ZeRO's shards dp_shard (replicated
+        dp_replicate times)."""
+        rep = self.dp if self.zero == 0 else self.dp_replicate
+        shard = 1 if self.zero == 0 else self.dp // self.dp_replicate
         return ParallelDims(dp_replicate=rep, dp_shard=shard, pp=self.pp, tp=self.tp)
 
     def topology(self) -> Topology:
@@ -173,6 +178,9 @@ class TrainConfig:
         if self.zero and self.dp == 1:
             raise ValueError(f"zero={self.zero} partitions states over the data-parallel "
                              f"ranks, and dp = 1: give dp > 1, or zero=0")
+        if self.dp_replicate > 1 and (self.zero == 0 or self.dp % self.dp_replicate):
+            raise ValueError(f"dp_replicate={self.dp_replicate} replicates ZeRO's shards: it "
+                             f"needs zero >= 1 and must divide dp = {self.dp}")
         dims = self.dims  # ParallelDims' own checks
         per = self.dp * self.num_microbatches
         if self.global_batch % per:

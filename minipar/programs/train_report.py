@@ -119,7 +119,10 @@ def summary(cfg, r) -> list[str]:
 
 def layout(cfg) -> str:
     """'dp 2 (ZeRO-1) x pp 2 x tp 2 + SP = 8 ranks (tp fastest, pp slowest)'."""
-    dp = f"dp {cfg.dp}" + (f" (ZeRO-{cfg.zero})" if cfg.zero else " (DDP)" if cfg.dp > 1 else "")
+    hybrid = (f" sharded over {cfg.dp // cfg.dp_replicate}, replicated {cfg.dp_replicate}"
+              f" times" if cfg.dp_replicate > 1 else "")
+    dp = f"dp {cfg.dp}" + (f" (ZeRO-{cfg.zero}{hybrid})" if cfg.zero else
+                           " (DDP)" if cfg.dp > 1 else "")
     tp = f"tp {cfg.tp}" + (" + SP" if cfg.sequence_parallel else "")
     return (f"{dp} x pp {cfg.pp} x {tp} = {cfg.world_size} ranks (tp fastest, pp slowest, "
             f"as Megatron orders them)")

@@ -19,7 +19,9 @@ FLAGS = ["--steps", "3", "--batch", "8", "--seq-len", "16", "--layers", "2", "--
 LAYOUTS = {"dp 2 x tp 2": dict(dp=2, tp=2),
            "pp 2 x tp 2 + SP": dict(pp=2, tp=2, sequence_parallel=True),
            "dp 2 (ZeRO-1) x pp 2": dict(dp=2, pp=2, zero=1),
-           "dp 2 x pp 2 x tp 2 on 2 nodes": dict(dp=2, pp=2, tp=2, nodes=2)}
+           "dp 2 x pp 2 x tp 2 on 2 nodes": dict(dp=2, pp=2, tp=2, nodes=2),
+           "dp 4 (ZeRO-3, 2 shards x 2 replicas) on 2 nodes":
+               dict(dp=4, zero=3, dp_replicate=2, gpus_per_node=2)}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +73,7 @@ def test_each_ranks_split_adds_up_to_the_step_and_mfu_divides_by_the_world(runs,
         assert sum(s.values()) == pytest.approx(T, rel=1e-12)
         assert min(s.values()) >= 0 and s["compute"] > 0
         assert s["NVLink4"] > 0  # tp's or dp's collectives on the node's link
-    assert ("IB-NDR400" in r.time_split[0]) == ("nodes" in LAYOUTS[name])
+    assert ("IB-NDR400" in r.time_split[0]) == ("nodes" in name)
     assert r.mfu == pytest.approx(r.model_flops_per_step
                                   / (r.sim_step_time * r.peak_flops * r.world_size), rel=1e-12)
 
@@ -157,6 +159,9 @@ def test_the_command_reports_a_3d_run(capsys):
      ["--nodes 2 x --gpus-per-node 4 = 8 devices, but --dp 2 x --pp 1 x --tp 2 = 4 ranks"]),
     (["--dp", "2", "--dtype", "float16"], ["loss scaling", "--dtype bfloat16"]),
     (["--zero", "4"], ["argument --zero: invalid choice: 4"]),
+    (["--dp", "4", "--dp-replicate", "2"], ["--dp-replicate 2 replicates ZeRO's shards",
+                                           "--zero 0, DDP, replicates already"]),
+    (["--dp", "4", "--zero", "1", "--dp-replicate", "3"], ["--dp-replicate in {1, 2, 4}"]),
 ])
 def test_layouts_that_cannot_run_are_usage_errors_naming_the_flags(capsys, flags, words):
     with pytest.raises(SystemExit) as e:
