@@ -5,7 +5,7 @@
     minipar train [--steps N] [--batch B] [--micro-batches K] [--seq-len S] [--layers L]
                   [--hidden H] [--heads A] [--lr LR] [--warmup W] [--dtype D] [--seed N]
                   [--dp N] [--zero Z] [--dp-replicate R] [--pp N] [--schedule NAME]
-                  [--chunks V] [--tp N] [--sp]
+                  [--chunks V] [--tp N] [--sp] [--order ORDER]
                   [--nodes N] [--gpus-per-node G] [--make-vocab-size-divisible-by N]
                   [--sample N] [--temperature T] [--prompt TEXT] [--quiet]
     minipar lessons [list | open NN | build [--check] [--force] [NN ...] | corpus [NN ...]]
@@ -286,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "the MLP's 4 x --hidden and the vocabulary (1)")
     tr.add_argument("--sp", action="store_true",
                     help="sequence parallelism over the --tp group; --seq-len divides by --tp")
+    tr.add_argument("--order", metavar="ORDER", default="tp-cp-ep-dp-pp",
+                    help="how ranks are laid out, Megatron's order, fastest first: tp-pp-dp "
+                         "puts dp across the nodes (tp-cp-ep-dp-pp)")
     tr.add_argument("--nodes", metavar="N", type=_pp, default=None,
                     help="nodes of the simulated cluster (InfiniBand between them); the "
                          "ranks, tp fastest, fill a node before the next (derived)")

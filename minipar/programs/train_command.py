@@ -12,9 +12,11 @@ whatever TrainConfig still refuses becomes a usage error too.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from ..data import CharTokenizer, load_corpus
+from ..parallel.mesh import check_placement
 from . import train_report
 from .train import generate, train
 from .train_checks import (TrainingDiverged, TrainingRefused, divisors, in_flags,
@@ -65,9 +67,26 @@ def _config(args: argparse.Namespace, warmup: int) -> TrainConfig:
                        dtype=args.dtype, seed=args.seed, pp=args.pp,
                        schedule=args.schedule or "1f1b", chunks=args.chunks, dp=args.dp,
                        tp=args.tp, sequence_parallel=args.sp, zero=args.zero,
-                       dp_replicate=args.dp_replicate,
+                       dp_replicate=args.dp_replicate, order=args.order,
                        nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                        vocab_divisible_by=args.vocab_divisible_by)
+
+
+def warn_placement(cfg: TrainConfig) -> None:
+    """The placement check's findings (a tp group across nodes, a cheaper order of the same
+    sizes, priced with the cost model) on stderr, in flag names; the run goes on as asked,
+    so that a lesson can measure what a bad placement costs."""
+    if not cfg.parallel:
+        return
+    mcfg = cfg.model_config(CharTokenizer.from_text(load_corpus()).vocab_size)
+    findings = check_placement(cfg.dims, cfg.topology(), mcfg,
+                               micro_batch=cfg.global_batch // (cfg.dp * cfg.num_microbatches),
+                               microbatches=cfg.num_microbatches, chunks=cfg.chunks,
+                               sequence_parallel=cfg.sequence_parallel, zero=cfg.zero)
+    for f in findings:
+        text = re.sub(r"order='([\w-]+)'", r"--order \1", f.message)
+        text = re.sub(r"[;,]? (or )?placement='any' (to run|runs) it as it is", "", text)
+        sys.stderr.write(f"minipar train: placement: {text} (running it as asked)\n")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = _config(args, warmup)
     except ValueError as e:  # anything TrainConfig refuses that the checks above missed
         args.parser.error(tp_in_flags(in_flags(str(e))))
+    warn_placement(cfg)
     progress = None if args.quiet else train_report.Progress(sys.stderr, cfg.log_every)
     try:
         r = (train_parallel if cfg.parallel else train)(cfg, on_step=progress)

@@ -20,7 +20,7 @@ import numpy as np
 from ..data import CharTokenizer, load_corpus
 from ..nn.config import GPTConfig
 from ..nn.gpt import GPT
-from ..parallel.mesh import ParallelDims
+from ..parallel.mesh import DEFAULT_ORDER, ParallelDims
 from ..parallel.mesh.pipeline import check_tied_on_one_rank
 from ..parallel.pp import own_chunks, schedule, split_layers
 from ..parallel.tp import check_tensor_parallel, padded_vocab_size
@@ -67,7 +67,8 @@ class TrainConfig:
     Layout: `dp` data-parallel ranks (`zero` 0: DDP, 1-3: ZeRO-1/2/3 over them, or over
     dp / `dp_replicate` of them, replicated `dp_replicate` times: HYBRID_SHARD's split), `tp`
     tensor-parallel ranks (`sequence_parallel` splits the sequence over them too), `pp`
-    stages, on `nodes` x `gpus_per_node` (None: derived from the other, or one node).
+    stages, on `nodes` x `gpus_per_node` (None: derived from the other, or one node), ranks
+    laid out in Megatron's `order`, fastest first (ParallelDims; default tp-cp-ep-dp-pp).
     `vocab_divisible_by`: the vocabulary padded to a multiple of it (Megatron's
     make-vocab-size-divisible-by) on every layout alike, so that tp can split it.
     """
@@ -95,6 +96,7 @@ class TrainConfig:
     sequence_parallel: bool = False
     zero: int = 0
     dp_replicate: int = 1
+    order: str = DEFAULT_ORDER
     nodes: Optional[int] = None
     gpus_per_node: Optional[int] = None
     vocab_divisible_by: int = 1
@@ -157,7 +159,8 @@ class TrainConfig:
         dp_replicate times)."""
         rep = self.dp if self.zero == 0 else self.dp_replicate
         shard = 1 if self.zero == 0 else self.dp // self.dp_replicate
-        return ParallelDims(dp_replicate=rep, dp_shard=shard, pp=self.pp, tp=self.tp)
+        return ParallelDims(dp_replicate=rep, dp_shard=shard, pp=self.pp, tp=self.tp,
+                            order=self.order)
 
     def topology(self) -> Topology:
         """nodes x gpus_per_node devices: both given, one derived from world_size, or one

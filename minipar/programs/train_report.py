@@ -118,14 +118,15 @@ def summary(cfg, r) -> list[str]:
 
 
 def layout(cfg) -> str:
-    """'dp 2 (ZeRO-1) x pp 2 x tp 2 + SP = 8 ranks (tp fastest, pp slowest)'."""
+    """'dp 2 (ZeRO-1) x pp 2 x tp 2 + SP = 8 ranks, laid out in the order tp-cp-ep-dp-pp
+    (Megatron's, fastest first)'."""
     hybrid = (f" sharded over {cfg.dp // cfg.dp_replicate}, replicated {cfg.dp_replicate}"
               f" times" if cfg.dp_replicate > 1 else "")
     dp = f"dp {cfg.dp}" + (f" (ZeRO-{cfg.zero}{hybrid})" if cfg.zero else
                            " (DDP)" if cfg.dp > 1 else "")
     tp = f"tp {cfg.tp}" + (" + SP" if cfg.sequence_parallel else "")
-    return (f"{dp} x pp {cfg.pp} x {tp} = {cfg.world_size} ranks (tp fastest, pp slowest, "
-            f"as Megatron orders them)")
+    return (f"{dp} x pp {cfg.pp} x {tp} = {cfg.world_size} ranks, laid out in the order "
+            f"{cfg.order} (Megatron's, fastest first)")
 
 
 def rank_label(ranks: list[int]) -> str:

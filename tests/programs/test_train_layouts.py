@@ -20,6 +20,8 @@ LAYOUTS = {"dp 2 x tp 2": dict(dp=2, tp=2),
            "pp 2 x tp 2 + SP": dict(pp=2, tp=2, sequence_parallel=True),
            "dp 2 (ZeRO-1) x pp 2": dict(dp=2, pp=2, zero=1),
            "dp 2 x pp 2 x tp 2 on 2 nodes": dict(dp=2, pp=2, tp=2, nodes=2),
+           "dp 2 x pp 2 x tp 2 on 2 nodes, order tp-pp-dp":
+               dict(dp=2, pp=2, tp=2, nodes=2, order="tp-pp-dp"),
            "dp 4 (ZeRO-3, 2 shards x 2 replicas) on 2 nodes":
                dict(dp=4, zero=3, dp_replicate=2, gpus_per_node=2)}
 
@@ -136,9 +138,15 @@ def test_split_step_on_a_hand_made_trace():
 def test_the_command_reports_a_3d_run(capsys):
     assert main(["train", *FLAGS, "--dp", "2", "--pp", "2", "--tp", "2", "--zero", "1",
                  "--sp", "--gpus-per-node", "4"]) == 0
-    out = capsys.readouterr().out
+    cap = capsys.readouterr()
+    out = cap.out
+    # the placement check: pp across the nodes costs more than dp there; the run goes on
+    assert cap.err.startswith("minipar train: placement: --order tp-cp-ep-dp-pp communicates")
+    assert "placement='any'" not in cap.err  # the command runs it as asked
+    assert "give --order tp-pp-dp-cp-ep (running it as asked)" in cap.err
     for what in ("on 8 simulated H100-SXM-80GB devices, a pipeline of 2 stages",
-                 "layout          dp 2 (ZeRO-1) x pp 2 x tp 2 + SP = 8 ranks",
+                 "layout          dp 2 (ZeRO-1) x pp 2 x tp 2 + SP = 8 ranks, laid out in "
+                 "the order tp-cp-ep-dp-pp",
                  "cluster         2 node(s) x 4 H100-SXM-80GB",
                  "exposed NVLink4", "exposed IB-NDR400", "ranks 0-3", "ranks 4-7",
                  "memory peaks    on each rank", "optimizer_states", "(the slowest rank's)"):
@@ -159,6 +167,7 @@ def test_the_command_reports_a_3d_run(capsys):
      ["--nodes 2 x --gpus-per-node 4 = 8 devices, but --dp 2 x --pp 1 x --tp 2 = 4 ranks"]),
     (["--dp", "2", "--dtype", "float16"], ["loss scaling", "--dtype bfloat16"]),
     (["--zero", "4"], ["argument --zero: invalid choice: 4"]),
+    (["--tp", "2", "--order", "tp-xx"], ["order 'tp-xx' must list distinct dimensions"]),
     (["--dp", "4", "--dp-replicate", "2"], ["--dp-replicate 2 replicates ZeRO's shards",
                                            "--zero 0, DDP, replicates already"]),
     (["--dp", "4", "--zero", "1", "--dp-replicate", "3"], ["--dp-replicate in {1, 2, 4}"]),
