@@ -1,0 +1,4 @@
+# %% [markdown]
+# # Lesson 07 — 3-D composition and topology
+#
+# stub
