@@ -36,7 +36,8 @@ import numpy as np
 import minipar as mp
 from minipar.nn import GPT, GPTConfig
 from minipar.optim import AdamW
-from minipar.parallel import ParallelDims, ParallelGroups, parallelize
+from minipar.parallel import (ParallelDims, ParallelGroups, check_placement, parallelize,
+                              step_comm)
 from minipar.parallel.pp import dry_run, lower, schedule
 from minipar.plan import activation_bytes_per_layer, model_flops, model_state_bytes
 from minipar.programs.incidents.tp_across_nodes import inter_node_bytes
@@ -165,6 +166,59 @@ for order in ("tp-cp-ep-dp-pp", "tp-pp-dp", "pp-dp-tp"):
           f"tp all-reduces {tp_seconds * 1e6:.1f} us a GPU")
 
 # %% [markdown]
+# `check_placement(dims, topology, cfg, ...)` (minipar.parallel) prices the same question
+# before anything runs: each dimension's collectives a step, per rank, on the links its
+# worst group crosses (none of it overlapped), and it names a tp group across nodes and a
+# cheaper order of the same sizes. On our three orders (b = 3 sequences a micro-batch,
+# m = 2, ZeRO-1):
+
+# %%
+findings = {}
+for order in placement:
+    dims = ParallelDims(dp_shard=2, pp=2, tp=2, order=order)
+    priced = step_comm(dims, CLUSTER, MODEL, micro_batch=3, microbatches=2, zero=1)
+    findings[order] = check_placement(dims, CLUSTER, MODEL, micro_batch=3, microbatches=2,
+                                      zero=1)
+    placement[order]["priced"] = priced
+    print(f"order {order:<15} tp {priced.tp * 1e6:6.1f} + dp {priced.dp * 1e6:5.1f} + pp "
+          f"{priced.pp * 1e6:5.1f} us a step; findings: "
+          f"{[(f.kind, round(f.ratio, 2)) for f in findings[order]] or 'none'}")
+print(findings["pp-dp-tp"][0].message)
+
+# %% [markdown]
+# Bytes are not seconds. The default order moves the fewest bytes across nodes, yet the
+# check prefers `tp-pp-dp` for this tiny model: pp's many small sends each pay
+# InfiniBand's latency, dp's two collectives a step pay it once each. At scale the bytes
+# decide, as the seeds' 64-GPU example shows (70B, h = 8192, 80 layers, s = 4096, nodes of
+# 8, TP = 4, PP = 2, DP = 8, m = 8 micro-batches of one sequence):
+
+# %%
+BIG70 = GPTConfig(vocab_size=32000, seq_len=4096, hidden=8192, num_heads=64, num_layers=80,
+                  dtype="bfloat16")
+NODES8 = mp.Topology.nodes(8, gpus_per_node=8)
+seed_64 = {}
+for order in ("tp-cp-ep-dp-pp", "tp-pp-dp"):
+    dims = ParallelDims(dp_replicate=8, pp=2, tp=4, order=order)
+    seed_64[order] = step_comm(dims, NODES8, BIG70, micro_batch=1, microbatches=8)
+    c = seed_64[order]
+    print(f"64 GPUs, order {order:<15}: tp {c.tp:.2f} + dp {c.dp:.2f} + pp {c.pp:.3f} = "
+          f"{c.total:.2f} s of communication a step per rank")
+incident_a = check_placement(ParallelDims(dp_replicate=4, tp=16), NODES8, BIG70,
+                             micro_batch=1, microbatches=8)[0]
+print(f"tp = 16 on nodes of 8 ({incident_a.kind}): {incident_a.ratio:.2f}x tp = 8's "
+      f"all-reduce time")
+
+# %% [markdown]
+# With the seeds' literal "DP outermost" (`tp-pp-dp`) every dp group spans nodes and the
+# gradients of 1/8 of 70B cross InfiniBand from every GPU on a flat ring; Megatron's
+# default keeps pp outermost and puts two ranks of each dp group on a node (a
+# hierarchical all-reduce sends half the bytes across), and communicates less. The rule
+# that holds in both: tp innermost. (Neither figure counts overlap: a dp all-reduce
+# hides behind the backward, a tp all-reduce never does.) Incident A's tp = 16 runs its
+# all-reduces hierarchically here, the kindest algorithm; a flat ring across nodes pays
+# the larger factor below.
+
+# %% [markdown]
 # The tiny model sends little, so the simulated time is latency-bound; at scale the cost
 # model tells the size of the effect. The seeds' 70B-class layer (h = 8192, s = 4096,
 # b = 1, 80 layers, bf16): one tp all-reduce of [s, b, h] inside a node of 8, as a ring
@@ -224,7 +278,6 @@ for p, m in ((2, 8), (4, 8), (8, 8)):
 
 # %%
 dp_ranks = [8 * i for i in range(8)]  # one GPU per node: dp crosses 8 nodes
-NODES8 = mp.Topology.nodes(8, gpus_per_node=8)
 dp_ar = collective_cost("all_reduce", 2 * PSI / 8, dp_ranks, NODES8)
 step_flops = model_flops(512, 4096, 80, 8192, 32000) / 64  # a GPU's share of 512 sequences
 step_compute = step_flops / (NODES8.device.peak("bfloat16") * 0.5)  # at 50 % MFU

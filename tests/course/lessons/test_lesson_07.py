@@ -137,3 +137,23 @@ def test_the_3d_run_equals_one_device(lesson):
     assert lesson["equal"]
     assert lesson["parallel_losses"] == pytest.approx(lesson["single_losses"], rel=1e-12)
     assert len(set(lesson["single_losses"])) == 3  # three different steps
+
+
+def test_the_placement_check_on_the_three_orders_and_the_seeds_64_gpus(lesson):
+    kinds = {o: [f.kind for f in fs] for o, fs in lesson["findings"].items()}
+    assert kinds == {"tp-cp-ep-dp-pp": ["cheaper_order"], "tp-pp-dp": [],
+                     "pp-dp-tp": ["tp_across_nodes", "cheaper_order"]}
+    cfg = lesson["BIG70"]
+    S, G = 4096 * 8192 * 2, 2 * cfg.num_parameters() / 8  # [s, b, h] and a GPU's gradients, bf16
+    default, outer = lesson["seed_64"]["tp-cp-ep-dp-pp"], lesson["seed_64"]["tp-pp-dp"]
+    for c in (default, outer):  # tp = 4 inside a node: 4 all-reduces, 40 blocks, m = 8
+        assert c.tp == pytest.approx(8 * 40 * 4 * ring_ar(S, 4, NV_B, NV_A), rel=1e-12)
+    # default: dp groups of 8 with 2 ranks a node, hierarchical; pp across nodes
+    assert default.dp == pytest.approx(2 * ring_half(G, 2, NV_B, NV_A)
+                                       + ring_ar(G / 2, 4, IB_B, IB_A), rel=1e-12)
+    assert default.pp == pytest.approx(2 * 8 * (IB_A + S / IB_B), rel=1e-12)
+    # dp outermost: one rank a node, a flat ring over InfiniBand; pp inside a node
+    assert outer.dp == pytest.approx(ring_ar(G, 8, IB_B, IB_A), rel=1e-12)
+    assert outer.pp == pytest.approx(2 * 8 * (NV_A + S / NV_B), rel=1e-12)
+    assert default.total < outer.total
+    assert lesson["incident_a"].kind == "tp_larger_than_node" and lesson["incident_a"].ratio > 1
