@@ -13,11 +13,11 @@
 # Compose data, tensor and pipeline parallelism on one cluster (N = TP × PP × DP): which rank sits where, which collective crosses which link, what a misplaced tp group costs, the tuning checklist's items measured, the "≤ 7B" rule tested, and a 3-D run equal to one device.
 #
 # Lessons 02–06 built each form alone. A real run uses them together: N GPUs are a grid of
-# shape tp × dp × pp (the seeds write N = TP × PP × DP, with EP folded in for MoE), every
+# shape tp × dp × pp (practitioners write N = TP × PP × DP, with EP folded in for MoE), every
 # GPU holds 1/tp of each weight matrix of 1/pp of the layers and trains on 1/dp of the
 # batch. The grid is only half the story; the other half is where it lands on the
 # machines. Inside a node GPUs talk over NVLink (450 GB/s a direction on H100s here),
-# between nodes over InfiniBand (50 GB/s a GPU). The seeds' rule: tensor parallelism
+# between nodes over InfiniBand (50 GB/s a GPU). The common rule: tensor parallelism
 # inside a node, pipeline stages across nodes, data parallelism outermost, ZeRO-1 on top.
 # In the kitchen picture: cooks sharing one pan stand in one kitchen, the stations of a
 # line may sit on different floors, and the copies of the kitchen can be in other towns.
@@ -189,18 +189,18 @@ print(findings["pp-dp-tp"][0].message)
 # Bytes are not seconds. The default order moves the fewest bytes across nodes, yet the
 # check prefers `tp-pp-dp` for this tiny model: pp's many small sends each pay
 # InfiniBand's latency, dp's two collectives a step pay it once each. At scale the bytes
-# decide, as the seeds' 64-GPU example shows (70B, h = 8192, 80 layers, s = 4096, nodes of
+# decide, as a common 64-GPU example shows (70B, h = 8192, 80 layers, s = 4096, nodes of
 # 8, TP = 4, PP = 2, DP = 8, m = 8 micro-batches of one sequence):
 
 # %%
 BIG70 = GPTConfig(vocab_size=32000, seq_len=4096, hidden=8192, num_heads=64, num_layers=80,
                   dtype="bfloat16")
 NODES8 = mp.Topology.nodes(8, gpus_per_node=8)
-seed_64 = {}
+example_64 = {}
 for order in ("tp-cp-ep-dp-pp", "tp-pp-dp"):
     dims = ParallelDims(dp_replicate=8, pp=2, tp=4, order=order)
-    seed_64[order] = step_comm(dims, NODES8, BIG70, micro_batch=1, microbatches=8)
-    c = seed_64[order]
+    example_64[order] = step_comm(dims, NODES8, BIG70, micro_batch=1, microbatches=8)
+    c = example_64[order]
     print(f"64 GPUs, order {order:<15}: tp {c.tp:.2f} + dp {c.dp:.2f} + pp {c.pp:.3f} = "
           f"{c.total:.2f} s of communication a step per rank")
 incident_a = check_placement(ParallelDims(dp_replicate=4, tp=16), NODES8, BIG70,
@@ -209,7 +209,7 @@ print(f"tp = 16 on nodes of 8 ({incident_a.kind}): {incident_a.ratio:.2f}x tp = 
       f"all-reduce time")
 
 # %% [markdown]
-# With the seeds' literal "DP outermost" (`tp-pp-dp`) every dp group spans nodes and the
+# With a literal "DP outermost" (`tp-pp-dp`) every dp group spans nodes and the
 # gradients of 1/8 of 70B cross InfiniBand from every GPU on a flat ring; Megatron's
 # default keeps pp outermost and puts two ranks of each dp group on a node (a
 # hierarchical all-reduce sends half the bytes across), and communicates less. The rule
@@ -220,7 +220,7 @@ print(f"tp = 16 on nodes of 8 ({incident_a.kind}): {incident_a.ratio:.2f}x tp = 
 
 # %% [markdown]
 # The tiny model sends little, so the simulated time is latency-bound; at scale the cost
-# model tells the size of the effect. The seeds' 70B-class layer (h = 8192, s = 4096,
+# model tells the size of the effect. A 70B-class layer (h = 8192, s = 4096,
 # b = 1, 80 layers, bf16): one tp all-reduce of [s, b, h] inside a node of 8, as a ring
 # across two nodes of 4 each, and hierarchically across them; a step runs 4 · 80 of them.
 
@@ -240,14 +240,15 @@ for k, t in tp_step.items():
 # %% [markdown]
 # A ring that crosses nodes runs at InfiniBand's pace, about the bandwidth ratio slower;
 # the hierarchical algorithm recovers some, but not the NVLink figure. The simulation has
-# no congestion, so the seed's sudden 8–10× slow steps (a saturated fabric) are not
+# no congestion, so incident A's sudden 8–10× slow steps (a saturated fabric) are not
 # reproduced; the steady factor is.
 
 # %% [markdown]
 # ## 4. The tuning checklist, the items minipar can show
 #
-# The seeds' ten-item checklist, each with the number minipar computes (the 70B model of
-# the seed's "64 GPUs, nodes of 8: TP = 4, PP = 2, DP = 8" example, Ψ = 70e9).
+# A widely used ten-item tuning checklist, each item with the number minipar computes
+# (the 70B model of the common "64 GPUs, nodes of 8: TP = 4, PP = 2, DP = 8" example,
+# Ψ = 70e9).
 #
 # 1. *Compute memory first.* Model states per GPU under TP × PP = 8 (Ψ/8 parameters a
 #    GPU) and DP = 8, by ZeRO stage:
@@ -260,7 +261,7 @@ for z, gb in states.items():
 
 # %% [markdown]
 #    Plain DDP (16 bytes a parameter, 140 GB) does not fit an 80 GB H100; ZeRO-1 on top
-#    (the seeds' "ZeRO-1 on top") brings it to 48 GB, room left for activations.
+#    (the recipes' "ZeRO-1 on top") brings it to 48 GB, room left for activations.
 # 2. *TP fixed to the node*: section 3's factor. 3. *PP = nodes or a factor*, and its
 #    bubble (p − 1)/m on the dry run's clock, 1F1B with t_B = 2 t_F:
 
@@ -299,7 +300,7 @@ print(f"   dp all-reduce of {2 * PSI / 8 / GB:.1f} GB: {dp_ar.seconds:.2f} s, ag
 # %% [markdown]
 # ## 5. The "≤ 7B" rule: when data parallelism alone suffices
 #
-# The seed: "small models (≤ 7B) don't need 3-D parallelism: DDP + ZeRO-2 is enough;
+# The claim: "small models (≤ 7B) don't need 3-D parallelism: DDP + ZeRO-2 is enough;
 # forcing PP makes it slower because of the bubble" (小模型（≤7B）别用 3D 并行：DDP + ZeRO-2
 # 就够). Tested on 16 H100s of 80 GB (2 nodes), a 7B model (h = 4096, 32 layers, 32 heads),
 # bf16 with Adam:
@@ -319,7 +320,7 @@ print(f"   pp = 2 with m = 8 would idle {float(d2.bubble_over_ideal):.1%} of the
 # %% [markdown]
 # What holds: with ZeRO-2 the states take 20 GB and a 4k-token micro-batch's activations
 # (selective recomputation, 34 sbh a layer) 18 GB, so 7B trains on data parallelism alone,
-# and pp = 2 would only add a bubble. Where the seed overstates: *plain* DDP does not fit
+# and pp = 2 would only add a bubble. Where the claim overstates: *plain* DDP does not fit
 # (112 GB of states on an 80 GB GPU) — it is ZeRO that makes "DP alone" work, ZeRO-1
 # already (33 GB); and at 32k tokens the activations alone (146 GB) exceed the GPU,
 # whatever the ZeRO stage: long sequences need tensor/sequence or context parallelism (or

@@ -146,7 +146,7 @@ def q56(h, s, b, layers, tp, gpus_per_node):
 
 
 def q57(psi_b, gpus, gpus_per_node, tp, pp, dp, h, layers, s, m, gpu_gb):
-    """The seed's 64-GPU 70B layout: states a GPU by ZeRO stage, and the placement check's
+    """The common 64-GPU 70B layout: states a GPU by ZeRO stage, and the placement check's
     communication a step with pp outermost (the default) or dp outermost."""
     per_gpu = psi_b * 1e9 / (tp * pp)
     cfg = gpt(h, layers, s, heads=64)
@@ -301,7 +301,7 @@ ENTRIES = [
     entry(
         "q57", dict(psi_b=70, gpus=64, gpus_per_node=8, tp=4, pp=2, dp=8, h=8192, layers=80,
                     s=4096, m=12, gpu_gb=94),
-        "The seed's example: {psi_b}B parameters on {gpus} GPUs in nodes of {gpus_per_node}, "
+        "A common example: {psi_b}B parameters on {gpus} GPUs in nodes of {gpus_per_node}, "
         "TP = {tp}, PP = {pp}, DP = {dp}. Does it fit {gpu_gb} GB GPUs, and which dimension "
         "should cross the nodes, pp or dp? (h = {h}, {layers} layers, s = {s}, m = {m} "
         "micro-batches of one sequence.)",
@@ -342,7 +342,7 @@ ENTRIES = [
         "last checkpoint (or, under DDP, a surviving replica's weights), each replica now "
         "training {new_per_replica:.1f} sequences instead of {per_replica} (or keep the "
         "global batch with gradient accumulation). A tp or pp dimension cannot shrink "
-        "without resharding every weight; dp can, which is why the seeds' checklist says "
+        "without resharding every weight; dp can, which is why the tuning checklist says "
         "recover DP first. Under ZeRO the optimizer shards live once per dp rank, so the "
         "resumed run reshards them from a checkpoint.",
         q59),
@@ -399,7 +399,7 @@ ENTRIES = [
     entry(
         "q64", dict(psi_b=70, gpus=64, gpus_per_node=8, tp=4, pp=2, dp=8, h=8192,
                     layers=80, s=4096, m=12),
-        "Why do 3-D recipes put ZeRO-1, not ZeRO-3, on top of the pipeline? The seed's "
+        "Why do 3-D recipes put ZeRO-1, not ZeRO-3, on top of the pipeline? The common "
         "layout: {psi_b}B on {gpus} GPUs in nodes of {gpus_per_node}, TP = {tp}, PP = {pp}, "
         "DP = {dp}, m = {m} micro-batches (h = {h}, {layers} layers, s = {s}).",
         "ZeRO-3 gathers a stage's weights before each micro-batch's forward and backward, "

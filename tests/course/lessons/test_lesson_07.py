@@ -139,13 +139,13 @@ def test_the_3d_run_equals_one_device(lesson):
     assert len(set(lesson["single_losses"])) == 3  # three different steps
 
 
-def test_the_placement_check_on_the_three_orders_and_the_seeds_64_gpus(lesson):
+def test_the_placement_check_on_the_three_orders_and_the_64_gpu_example(lesson):
     kinds = {o: [f.kind for f in fs] for o, fs in lesson["findings"].items()}
     assert kinds == {"tp-cp-ep-dp-pp": ["cheaper_order"], "tp-pp-dp": [],
                      "pp-dp-tp": ["tp_across_nodes", "cheaper_order"]}
     cfg = lesson["BIG70"]
     S, G = 4096 * 8192 * 2, 2 * cfg.num_parameters() / 8  # [s, b, h] and a GPU's gradients, bf16
-    default, outer = lesson["seed_64"]["tp-cp-ep-dp-pp"], lesson["seed_64"]["tp-pp-dp"]
+    default, outer = lesson["example_64"]["tp-cp-ep-dp-pp"], lesson["example_64"]["tp-pp-dp"]
     for c in (default, outer):  # tp = 4 inside a node: 4 all-reduces, 40 blocks, m = 8
         assert c.tp == pytest.approx(8 * 40 * 4 * ring_ar(S, 4, NV_B, NV_A), rel=1e-12)
     # default: dp groups of 8 with 2 ranks a node, hierarchical; pp across nodes
