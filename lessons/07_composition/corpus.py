@@ -63,6 +63,26 @@ WRONG = [
           hint=["4 nodes of 2 GPUs", "over its budget", "by group"]),
 ]
 
+PP_CROSS = line("if k + 1 < len(pp_group) and topology.node_of(rank) != topology.node_of("
+                "pp_group[k + 1]):", 8)
+PP_ADD = line("total += 2 * microbatches * message  # activations forward, their gradients back", 12)
+WRONG += [
+    # 7.3 the pipeline's bytes across nodes
+    wrong("7.3", "misconception", "only the forward's activations cross",
+          old=PP_ADD, new=line("total += microbatches * message", 12),
+          hint=["the backward sends each activation's gradient back"]),
+    wrong("7.3", "misconception", "every stage boundary crosses nodes",
+          old=PP_CROSS, new=line("if k + 1 < len(pp_group):", 8),
+          hint=["counted every boundary", "different nodes"]),
+    wrong("7.3", "misconception", "each tp rank sends 1/tp of the activation",
+          old=PP_ADD, new=line("total += 2 * microbatches * message / dims.tp", 12),
+          hint=["divided by tp", "every tp rank sends the whole"]),
+    wrong("7.3", "small-only", "one boundary crosses, the middle one: right for pp = 2 on 2 nodes",
+          old=PP_CROSS, new=line("if k == len(pp_group) // 2 - 1:", 8),
+          hint=["crossing (rank, next stage) pairs' worth",
+                "boundary crosses nodes when node_of(rank) differs"]),
+]
+
 RIGHT = [
     right("the groups as slices of np.arange(world).reshape(pp, dp, tp)",
           old=GROUPS_BODY,
@@ -77,4 +97,9 @@ RIGHT = [
                        "cfg.num_heads % t == 0]:")),
                  (line("for zero in (0, 1, 2) if dp > 1 else (0,):", 12),
                   line("for zero in (2, 1) if dp > 1 else (0,):", 12))]),
+    right("the crossing boundaries counted from each stage's first rank, pp group by pp group",
+          old=PP_CROSS + PP_ADD,
+          new=line("nxt = rank + dims.tp * dims.dp  # the next stage's rank: pp's stride", 8)
+          + line("if k + 1 < dims.pp and topology.node_of(rank) != topology.node_of(nxt):", 8)
+          + line("total += 2 * microbatches * message", 12)),
 ]

@@ -1,10 +1,11 @@
 """Grader for lesson 07: your rank -> groups arithmetic against ParallelGroups on every rank
-of hypothesis-drawn layouts (world up to 64, tp fastest), and your placed layout trained
-for one step on the simulated cluster: the ledger's peak against the memory budget, the
-trace's inter-node bytes against the cross-node budget, and the loss against one device's."""
+of hypothesis-drawn layouts (world up to 64, tp fastest); your placed layout trained for
+one step on the simulated cluster: the ledger's peak against the memory budget, the
+trace's inter-node bytes against the cross-node budget, and the loss against one device's;
+and your pipeline's cross-node bytes against the sends a run's trace records."""
 
 import numpy as np
-from hypothesis import assume, given
+from hypothesis import assume, given, strategies as st
 
 import minipar as mp
 from minipar.course.grading import (SETTINGS, GradeFailure, exercise, expect_close,
@@ -199,3 +200,65 @@ def check_place_layout(impl):
         expect_close(float(np.mean(dp_losses)), want, rtol=1e-10,
                      what=f"{name}: the loss of {layout}, one step on the simulated cluster",
                      hint="a 3-D layout trains the model one device trains")
+
+
+# ---- exercise 7.3: the bytes a pipeline sends across nodes ---------------------------------
+
+SMALL = GPTConfig(vocab_size=16, seq_len=4, hidden=8, num_heads=2, num_layers=4, seed=1)
+
+
+def sent_across(dims: ParallelDims, topo: mp.Topology, batch: int, m: int) -> tuple:
+    """(inter-node bytes of the pipeline's sends, all of them), summed over GPUs, one step."""
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, SMALL.vocab_size, (SMALL.seq_len, batch))  # [s, B]
+    targets = np.roll(ids, -1, axis=0)
+
+    def program(ctx):
+        run = parallelize(SMALL, dims, microbatches=m, lr=1e-3)
+        first = len(ctx.trace.events)
+        run.train_step(ids, targets)
+        ctx.resolve_pending()
+        sends = [e for e in ctx.trace.events[first:] if e.stream == "p2p"]
+        inter = sum(float(e.meta["sent_bytes"]) for e in sends
+                    if e.meta.get("link") == topo.inter.name)
+        return inter, sum(float(e.meta["sent_bytes"]) for e in sends)
+
+    res = mp.launch(program, dims.world_size, topology=topo)
+    return sum(r[0] for r in res), sum(r[1] for r in res)
+
+
+@exercise("7.3", "the bytes a pipeline sends across nodes")
+@SETTINGS
+@given(tp=world_sizes(1, 2, first=1), pp=world_sizes(2, 4, first=3),
+       dp=world_sizes(1, 2, first=2), gpus_per_node=st.sampled_from([2, 1, 4]),
+       m=st.integers(1, 4), b=st.integers(1, 2))
+def check_pipeline_cross_node_bytes(impl, tp, pp, dp, gpus_per_node, m, b):
+    dims = ParallelDims(dp_replicate=dp, pp=pp, tp=tp)  # DDP: its states do not matter
+    assume(dims.world_size % gpus_per_node == 0)
+    topo = mp.Topology.nodes(dims.world_size // gpus_per_node, gpus_per_node)
+    batch = m * dp * b
+    what = (f"pipeline_cross_node_bytes(cfg, {dims}, {topo.num_nodes} nodes of "
+            f"{gpus_per_node}, global_batch={batch}, microbatches={m})")
+    got = learner(what, impl.pipeline_cross_node_bytes, SMALL, dims, topo, batch, m)
+    if not isinstance(got, (int, float, np.integer, np.floating)):
+        raise GradeFailure(f"{what} returned {got!r:.80}; expected a number of bytes")
+    want, every = sent_across(dims, topo, batch, m)
+    if got == want:
+        return
+    message = SMALL.seq_len * b * SMALL.hidden * 8
+    pair = 2 * m * message  # one crossing (rank, next stage) pair's bytes a step
+    if got == every != want:
+        hint = "counted every boundary: only a boundary whose two ranks sit on different " \
+               "nodes crosses"
+    elif tp > 1 and got * tp == want:
+        hint = "divided by tp: every tp rank sends the whole [s, b, h]"
+    else:
+        hint = (f"your figure is {got / pair:g} crossing (rank, next stage) pairs' worth of "
+                f"2m = {2 * m} messages, the trace's {want / pair:g}" + (
+                    " (if you counted the forward's activations only: the backward sends "
+                    "each activation's gradient back, the same size)" if 2 * got == want
+                    else "") + ". A boundary crosses nodes when node_of(rank) differs from "
+                "node_of of the next rank of its pp group: count each such pair")
+    raise GradeFailure(f"{what}: the trace's sends put {want:,.0f} bytes on inter-node links "
+                       f"(all sends: {every:,.0f}; one [s, b, h] message is {message} bytes), "
+                       f"received {got!r}: {hint}")

@@ -352,6 +352,8 @@ for name, (dims, zero, m) in candidates.items():
 # DDP is over memory (every replica keeps all optimizer states); dp across nodes sends the
 # gradients over InfiniBand; tp = 4 makes four ranks send each boundary's activations.
 # Two of these fit both budgets. The grader also asks for 4 nodes of 2 GPUs.
+# **Exercise 7.3** predicts the pipeline's part of these bytes before anything runs: each
+# rank whose next stage sits on another node sends 2m messages of [s, B/(m·dp), h].
 
 # %% [markdown]
 # ## 7. A 3-D run equals one device
@@ -384,6 +386,9 @@ print("1 device: ", [f"{x:.12f}" for x in single_losses], "equal:", equal)
 #   a layout, ZeRO stage and micro-batch count for the cluster (section 6). Graded by
 #   training one step on the simulated cluster: the ledger's peak, the trace's bytes
 #   across nodes, and one device's loss.
+# - **7.3** `pipeline_cross_node_bytes(cfg, dims, topology, global_batch, microbatches)`:
+#   the bytes the pipeline's sends put on inter-node links in a step (section 6), graded
+#   against the sends a run's trace records, over drawn layouts and clusters.
 #
 # `minipar grade 07` grades `exercise.py`.
 #

@@ -4,7 +4,8 @@ Exercise 7.1 computes, from a global rank alone, the ranks of its tensor-, pipel
 data-parallel groups, in minipar's (Megatron's) default order "tp-cp-ep-dp-pp": tp
 varies fastest, then dp, then pp. Exercise 7.2 is a design exercise: it places a layout
 on a cluster so that a GPU's memory and the bytes crossing nodes in a step stay within
-their budgets; the grader trains one step of it on the simulated cluster.
+their budgets; the grader trains one step of it on the simulated cluster. Exercise 7.3
+predicts the bytes a pipeline's sends put on inter-node links, graded against a run's trace.
 """
 
 from __future__ import annotations
@@ -95,4 +96,28 @@ def place_layout(cfg: GPTConfig, topology: mp.Topology, global_batch: int,
                     return {"dims": dims, "zero": zero, "microbatches": m}
     raise ValueError(f"no layout of {world} GPUs fits {memory_budget} bytes a GPU and "
                      f"{cross_node_budget} bytes across nodes a step")
+    # END SOLUTION
+
+
+def pipeline_cross_node_bytes(cfg: GPTConfig, dims: ParallelDims, topology: mp.Topology,
+                              global_batch: int, microbatches: int) -> float:
+    """Σ over stage boundaries whose two ranks sit on different nodes of 2 m · s · b · h · e
+    bytes, b = B / (m · dp): what a pipeline's sends put on inter-node links in one step,
+    summed over all GPUs (lesson section 6).
+
+    dims: the default order (use your groups_of); each rank of pp coordinate k < pp - 1
+    sends its [s, b, h] activation to the next stage and receives its gradient back, once
+    per micro-batch; every tp rank sends the whole [s, b, h]. e: cfg.dtype's bytes (8 for
+    float64). The loss's broadcast is a collective, not a send: leave it out.
+    """
+    # BEGIN SOLUTION Exercise 7.3: the bytes a pipeline sends across nodes — see lesson.py, section 6
+    b = global_batch // (microbatches * dims.dp)  # sequences of a micro-batch on a dp rank
+    message = cfg.seq_len * b * cfg.hidden * np.dtype(cfg.dtype).itemsize  # one [s, b, h]
+    total = 0.0
+    for rank in range(dims.world_size):
+        pp_group = groups_of(rank, dims)["pp"]
+        k = pp_group.index(rank)  # this rank's stage
+        if k + 1 < len(pp_group) and topology.node_of(rank) != topology.node_of(pp_group[k + 1]):
+            total += 2 * microbatches * message  # activations forward, their gradients back
+    return total
     # END SOLUTION
