@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -107,6 +108,10 @@ class StepComm:
         return self.tp + self.dp + self.pp
 
 
+class PlacementWarning(UserWarning):
+    """parallelize(..., placement="warn") found a placement another layout would beat."""
+
+
 def check_placement(dims: ParallelDims, topology: Topology, cfg: GPTConfig, *,
                     micro_batch: int = 1, microbatches: int = 1, chunks: int = 1,
                     sequence_parallel: bool = False, zero: int = 0
@@ -144,6 +149,30 @@ def placement_message(findings: list[PlacementFinding], dims: ParallelDims,
     return "\n".join([head] + [f"  - {f.message}" for f in findings])
 
 
+def apply_placement(placement: str, dims: ParallelDims, topology: Topology, cfg: GPTConfig,
+                    rank: int, **sizes) -> list[PlacementFinding]:
+    """parallelize's use of the check: "warn" (rank 0 warns once with the findings),
+    "strict" (refuse them: ValueError on every rank), "any" (no check). Returns them."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement={placement!r}: expected one of {PLACEMENTS} ('warn' "
+                         f"warns when a tp group crosses nodes or another order is cheaper, "
+                         f"'strict' refuses it, 'any' runs any layout without a word)")
+    if placement == "any":
+        return []
+    findings = check_placement(dims, topology, cfg, **sizes)
+    if not findings:
+        return findings
+    text = placement_message(findings, dims, topology)
+    if placement == "strict":
+        raise ValueError(f"placement='strict' refuses this layout. {text}\nplacement='warn' "
+                         f"runs it with this warning, placement='any' without")
+    if rank == 0:
+        warnings.warn(f"{text}\n(figures for b = 1 sequence a micro-batch; "
+                      f"check_placement(...) prices your batch)", PlacementWarning,
+                      stacklevel=3)
+    return findings
+
+
 # ---- pricing ------------------------------------------------------------------------------
 def _check_args(dims, topology, cfg, micro_batch, microbatches, chunks, zero) -> None:
     if not isinstance(dims, ParallelDims):
@@ -167,11 +196,13 @@ def _check_args(dims, topology, cfg, micro_batch, microbatches, chunks, zero) ->
 
 
 def _orders(dims: ParallelDims) -> list[str]:
-    """Every order of the dimensions used (size > 1), the unused ones after them."""
+    """Every order of the dimensions used (size > 1), the unused ones after them; the
+    default first, so that a tie keeps it."""
     size = {"tp": dims.tp, "cp": dims.cp, "dp": dims.dp, "pp": dims.pp}
     used = [n for n in ("tp", "cp", "dp", "pp") if size[n] > 1]
-    return ["-".join(list(p) + [n for n in ("tp", "cp", "ep", "dp", "pp") if n not in p])
-            for p in itertools.permutations(used)]
+    return [DEFAULT_ORDER] + ["-".join(list(p) + [n for n in ("tp", "cp", "ep", "dp", "pp")
+                                                  if n not in p])
+                              for p in itertools.permutations(used)]
 
 
 class _Pricing:
