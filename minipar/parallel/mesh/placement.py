@@ -14,6 +14,8 @@ group of that dimension (the one spanning most nodes), per rank, none of it over
     tp   4 all-reduces of [s, b, h] a block and micro-batch (g, f of the attention and the
          MLP; under SP an all-gather and a reduce-scatter in place of each), on the
          layers = ceil(L / pp) blocks a rank holds:       m · layers · 4 · t_AR(s·b·h·e)
+         (the embedding's and the vocabulary-parallel head's one each a micro-batch, on
+         the first and the last stage, are left out)
     dp   the rank's gradients, 1/(tp·pp) of the model, once a step: an all-reduce (DDP;
          ZeRO-1/2 move the same bytes as a reduce-scatter + an all-gather), plus, under
          ZeRO-3, an all-gather of the weights around each forward and backward:
