@@ -232,6 +232,11 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
     if not isinstance(dims, ParallelDims):
         raise TypeError(f"parallelize takes a ParallelDims, got {type(dims).__name__}")
     dims.check_implemented()
+    if cfg.np_dtype == np.float16:
+        raise ValueError("parallelize composes float64, float32 and bfloat16 (float32 masters, "
+                         "no loss scaling); float16 needs a loss scaler, which the "
+                         "data-parallel engines do not implement: use dtype='bfloat16', or "
+                         "train float16 on one device with MixedPrecisionOptimizer")
     groups = groups if groups is not None else ParallelGroups(dims)
     if groups.dims != dims:
         raise ValueError(f"groups were built for {groups.dims}, not {dims}")

@@ -180,7 +180,7 @@ def run_case(kit, dp, pp, tp, engine, name, sp, recompute, tie, clip, seed, step
 
 
 @pytest.mark.timeout(300)
-@settings(max_examples=8)
+@settings(max_examples=5)
 @given(data=st.data())
 def test_any_layout_engine_schedule_sp_and_recompute_trains_like_one_device(dpkit, data):
     """A drawn cell of the matrix: a layout of world <= 8, an engine, a schedule (or none
@@ -204,7 +204,7 @@ def test_any_layout_engine_schedule_sp_and_recompute_trains_like_one_device(dpki
 WORLD_16 = [  # (dp, pp, tp, engine, schedule, SP, recompute)
     (2, 2, 4, "zero1", "interleaved_1f1b", True, "selective"),
     (4, 2, 2, "hybrid_shard", "zb_h1", True, "full"),
-    (2, 4, 2, "ddp", "dualpipev", False, "segments"),
+    (2, 4, 2, "ddp", "zb_h2", False, "segments"),
 ]
 
 
@@ -213,11 +213,11 @@ WORLD_16 = [  # (dp, pp, tp, engine, schedule, SP, recompute)
 def test_a_sample_of_world_16_trains_like_one_device(dpkit, dp, pp, tp, engine, name, sp,
                                                      recompute):
     """16 ranks: 2 x 2 x 4 (ZeRO-1, interleaved 1F1B, SP, selective recompute), 4 x 2 x 2
-    (HYBRID_SHARD 2 x 2, ZB-H1, SP, full recompute), 2 x 4 x 2 (DDP, DualPipeV,
-    segments of 2); tied, clipped, 3 steps."""
+    (HYBRID_SHARD 2 x 2, ZB-H1, SP, full recompute), 2 x 4 x 2 (DDP, ZB-H2, segments of
+    2); tied, clipped, 2 steps."""
     assert dp * pp * tp == 16
     assert run_case(dpkit, dp, pp, tp, engine, name, sp, recompute, tie=True, clip=0.05,
-                    seed=16) is not None
+                    seed=16, steps=2) is not None
 
 
 def sweep_cell(i: int, layout) -> tuple:
@@ -235,14 +235,15 @@ def sweep_cell(i: int, layout) -> tuple:
                          ids=[f"dp{d}-pp{p}-tp{t}" for d, p, t in LAYOUTS])
 def test_every_layout_of_world_at_most_8_trains_like_one_device(dpkit, i, layout):
     """Each of the 38 layouts once, its engine, schedule, SP and recompute mode turned
-    through their lists (sweep_cell); 2 steps, m = pp, tied embeddings where the engine
-    allows, dropout, no clip (the draws clip)."""
+    through their lists (sweep_cell); one step (the gradients, then the weights, m and v
+    after it; the draws take 3), m = pp, tied embeddings where the engine allows, dropout,
+    no clip (the draws clip)."""
     engine, name, sp, recompute = sweep_cell(i, layout)
     m = run_case(dpkit, *layout, engine, name, sp, recompute, tie=True, clip=None,
-                 seed=i, steps=2)
+                 seed=i, steps=1)
     if m is None:  # the schedule refuses pp and m = 2pp: the next one takes the cell
         m = run_case(dpkit, *layout, engine, "1f1b", sp, recompute, tie=True, clip=None,
-                     seed=i, steps=2)
+                     seed=i, steps=1)
     assert m is not None
 
 
@@ -318,3 +319,14 @@ def test_bfloat16_layouts_stay_within_the_stated_bounds(dpkit, dp, pp, tp, engin
                 assert gap.max() <= drift, (r, k, gap.max())
                 gaps.append(gap)
     assert gaps and np.mean(np.concatenate([g.ravel() for g in gaps])) <= drift / 40
+
+
+def test_float16_is_refused_by_parallelize_with_the_way_out(dpkit):
+    """float16 needs loss scaling, which no data-parallel engine implements: refused before
+    anything is built, on every layout (a pipeline rank without parameters too)."""
+    cfg = config(dpkit, 1, 2, "none", False, seed=0, dtype="float16")
+
+    def program(ctx):
+        with pytest.raises(ValueError, match="use dtype='bfloat16'"):
+            parallelize(cfg, ParallelDims(pp=2), schedule="1f1b", microbatches=2, **OPT)
+    mp.launch(program, 2)
