@@ -44,6 +44,7 @@ Findings (a `PlacementFinding` each, `kind`):
 topology with b = 1 and warns once (rank 0) with the messages; `placement="strict"`
 refuses the layout with them; `placement="any"` runs it without a word, for a lesson
 that shows what a bad placement costs. No finding on one node: every link is NVLink.
+(docs/parallel_dims.md: an example of each message.)
 """
 
 from __future__ import annotations
