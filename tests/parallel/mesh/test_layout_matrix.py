@@ -55,7 +55,8 @@ def config(kit, tp: int, layers: int, recompute: str, tie: bool, seed: int, dtyp
     16) and the sequence (about 8, split under SP)."""
     heads = max(2, tp)
     return kit.tiny_config(vocab_size=tp * -(-16 // tp), seq_len=tp * -(-8 // tp),
-                           hidden=2 * heads, num_heads=heads, ffn_hidden=2 * heads, num_layers=layers, dropout=0.1, seed=seed,
+                           hidden=2 * heads, num_heads=heads, ffn_hidden=2 * heads,
+                           num_layers=layers, dropout=0.1, seed=seed,
                            tie_embeddings=tie, recompute=recompute, dtype=dtype,
                            recompute_segment=2 if recompute == "segments" else 1)
 
@@ -276,10 +277,10 @@ def test_bfloat16_layouts_stay_within_the_stated_bounds(dpkit, dp, pp, tp, engin
     """bfloat16 with float32 masters (MixedPrecisionOptimizer's arithmetic, sharded by the
     engines), 3 clipped AdamW steps, against one bfloat16 device and one float64 device.
 
-    Measured over 14 cells (7 layouts x 2 seeds, three of these among them): losses within 1.7e-4
-    (relative) of one bf16 device and 3.8e-4 of float64; first-step gradients within 2.6e-2
-    of the largest gradient of one bf16 device, 1.5e-1 of float64 (bf16 keeps 8
-    significant bits and every product and partial sum is rounded to them: reduction order
+    Measured over 14 cells (7 layouts x 2 seeds, three of these among them): losses
+    within 1.7e-4 (relative) of one bf16 device and 3.8e-4 of float64; first-step
+    gradients within 2.6e-2 of the largest gradient of one bf16 device, 1.5e-1 of
+    float64 (bf16 keeps 8 significant bits and every product and partial sum is rounded to them: reduction order
     alone moves a gradient element by a few of its ulps).
 
     Asserted: losses rtol 2^-8 = 3.9e-3 (bf16's unit roundoff, 10x the worst measured)
