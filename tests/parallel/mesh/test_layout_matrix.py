@@ -280,8 +280,8 @@ def test_bfloat16_layouts_stay_within_the_stated_bounds(dpkit, dp, pp, tp, engin
     Measured over 14 cells (7 layouts x 2 seeds, three of these among them): losses
     within 1.7e-4 (relative) of one bf16 device and 3.8e-4 of float64; first-step
     gradients within 2.6e-2 of the largest gradient of one bf16 device, 1.5e-1 of
-    float64 (bf16 keeps 8 significant bits and every product and partial sum is rounded to them: reduction order
-    alone moves a gradient element by a few of its ulps).
+    float64 (bf16 keeps 8 significant bits and every product and partial sum is rounded
+    to them: reduction order alone moves a gradient element by a few of its ulps).
 
     Asserted: losses rtol 2^-8 = 3.9e-3 (bf16's unit roundoff, 10x the worst measured)
     against both; first-step gradients 0.1 (vs bf16) and 0.3 (vs float64) of the largest
