@@ -5,7 +5,8 @@
     python benchmarks/bench_scale.py --profile       # and a cProfile at the largest size
 
 Each run is one `launch` of a program that builds the model with `parallelize` and takes
-one `train_step` (float32 AdamW), timed from before `launch` to its return (thread start
+one `train_step` (float32 AdamW; placement="any": the placement check is
+parallelize's, not the runtime's), timed from before `launch` to its return (thread start
 and join included, nothing warmed up). The GPT is tiny, so the time is the runtime's own:
 h = 16, a = 8 heads (so tp = 8 divides them), s = 4, V = 16, l = pp blocks. Two layouts:
 
@@ -56,7 +57,7 @@ def one_step(name: str, n: int) -> float:
     pipe = dict(schedule="1f1b", microbatches=m) if dims.pp > 1 else {}
 
     def program(ctx):
-        run = parallelize(cfg, dims, lr=1e-3, **pipe)
+        run = parallelize(cfg, dims, lr=1e-3, placement="any", **pipe)  # the runtime only
         return run.train_step(ids, tgt)
 
     t0 = time.perf_counter()
