@@ -22,6 +22,7 @@ the other ranks' sends, receives and arrivals do not queue behind it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -107,6 +108,7 @@ class SimWorld(RankWaits):
             slot = self.slots.setdefault(skey, _Slot(g.size))
             first = next(iter(slot.calls.values()), None)
             slot.calls[me] = call
+            self.progress = time.monotonic()  # an arrival is progress, for the watchdog
             if first is not None and first.signature != call.signature:
                 self._mismatch(slot, g, index)
             self.last_call[call.rank] = ("{} on group {} at {}", call.kind, g, call.where)
