@@ -109,7 +109,7 @@ def session(kit, cfg, layout: Layout, batches, *, steps: Optional[int] = None,
                    snap, res[0][4], res[0][5])
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def ckrun():
     import types
     return types.SimpleNamespace(session=session, Layout=Layout, CLIP=CLIP)
