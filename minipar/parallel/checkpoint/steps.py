@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Optional, Union
 
 from ...files import CheckpointError
+from ...runtime.collectives import barrier
+from ...runtime.context import current
 from .full_state import load_state, read
 from .layout import rank_layout, unwrap
 from .sharded import save_sharded
@@ -50,10 +52,23 @@ def step_dir(root: PathLike, step: int) -> Path:
 
 
 def save_step(engine, root: PathLike, groups=None) -> Path:
-    """Every rank calls this after a step: a sharded save into root/step-NNNNNNNN, N the
-    optimizer steps taken. Returns the directory."""
+    """Every rank of the world calls this after a step: a sharded save into
+    root/step-NNNNNNNN, N the optimizer steps taken. Returns the directory.
+
+    A directory of that step already there (the save a fault interrupted, met again by the
+    resumed run) is first renamed step-NNNNNNNN.old-K by world rank 0, never written
+    into: the new save's files do not mix with the old one's (nor does a smaller layout
+    leave the old layout's extra files beside its own)."""
     e, groups = unwrap(engine, groups)
     d = step_dir(root, rank_layout(e, groups).state.step)
+    ctx = current()
+    if ctx.rank == 0 and d.exists():
+        k = 1
+        while d.with_name(f"{d.name}.old-{k}").exists():
+            k += 1
+        d.rename(d.with_name(f"{d.name}.old-{k}"))
+    if ctx.world_size > 1:
+        barrier(group=ctx.world)  # set aside before anyone writes
     save_sharded(engine, d, groups)
     return d
 

@@ -79,11 +79,17 @@ def test_a_fault_midway_through_a_save_is_skipped_and_the_run_resumes_with_fewer
     assert last.step == 2 and [d.name for d, _ in last.skipped] == ["step-00000003"]
     assert "the save did not finish" in last.skipped[0][1]
 
-    # the same layout: as if it never failed, bit for bit
-    same = ckrun.session(dpkit, cfg, layout, batches, resume_from=tmp_path)
+    # the same layout: as if it never failed, bit for bit; its save of step 3 sets the
+    # unfinished one aside instead of writing among its files
+    same = ckrun.session(dpkit, cfg, layout, batches, resume_from=tmp_path,
+                         save_root=tmp_path, save_every=3)
     assert same.resumed.step == 2
     assert same.losses == [losses[2:] for losses in straight.losses]
     dpkit.assert_state_equal(same.state, straight.state)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000001", "step-00000002", "step-00000003", "step-00000003.old-1"]
+    assert ck.latest(tmp_path) == ck.Latest(unfinished, 3, [])
+    shutil.rmtree(unfinished)  # the rest resumes from step 2, as after the fault
 
     # one data-parallel replica fewer (the DP dimension recovered first): the same global
     # batch and data order, each rank's share doubled
