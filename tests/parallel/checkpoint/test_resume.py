@@ -121,3 +121,25 @@ def test_saves_mixed_or_missing_are_never_taken_for_complete(dpkit, ckrun, never
     assert "step-00000007: its index says step 1, its name step 7" in text
     assert "step-00000003:" in text and "mixes files of two saves" in text
     assert "step-00000002:" in text and "rank00006.npz" in text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("schedule, rank, at", [
+    ("zb_h1", 0, "0W1"),        # a deferred weight gradient of a zero-bubble schedule
+    ("dualpipev", 0, "0B0"),    # the backward half of DualPipeV's pair (3F2;0B0)
+    ("dualpipev", 1, "2I3"),    # an input-gradient half of its split backward
+])
+def test_a_fault_at_any_kind_of_action_resumes_bit_for_bit(dpkit, ckrun, tmp_path, schedule,
+                                                           rank, at):
+    cfg = config(dpkit)
+    batches = dpkit.global_batches(cfg, 3, 8, seed=22)
+    layout = ckrun.Layout(ParallelDims(pp=2), zero=1, schedule=schedule, m=4)
+    straight = ckrun.session(dpkit, cfg, layout, batches)
+    with pytest.raises(RankFailedError) as info:
+        ckrun.session(dpkit, cfg, layout, batches, save_root=tmp_path,
+                      faults=[Fault(rank, 2, at)])
+    assert info.value.rank == rank and f"at {at} of step 2" in str(info.value)
+    resumed = ckrun.session(dpkit, cfg, layout, batches, resume_from=tmp_path)
+    assert resumed.resumed.step == 1
+    assert resumed.losses == [losses[1:] for losses in straight.losses]
+    dpkit.assert_state_equal(resumed.state, straight.state)
