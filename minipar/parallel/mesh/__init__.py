@@ -4,6 +4,7 @@
     groups.py       ParallelGroups: this rank's group along every dimension, its coordinate
     parallelize.py  parallelize: config + dims -> this rank's model, engine and batch block
     pipeline.py     under pp: this rank's stages, the engine over them, the runner, the loss
+    placement.py    check_placement: what a layout's groups cost on a topology, and the fix
 """
 
 from .dims import DEFAULT_ORDER, ParallelDims
@@ -11,6 +12,8 @@ from .groups import ParallelGroups
 from .parallelize import (Parallelized, build_engine, build_model, model_parallel_norm,
                           parallelize)
 from .pipeline import NoParameters
+from .placement import PlacementFinding, StepComm, check_placement, step_comm
 
 __all__ = ["DEFAULT_ORDER", "ParallelDims", "ParallelGroups", "Parallelized", "build_engine",
-           "build_model", "model_parallel_norm", "parallelize", "NoParameters"]
+           "build_model", "model_parallel_norm", "parallelize", "NoParameters",
+           "PlacementFinding", "StepComm", "check_placement", "step_comm"]
