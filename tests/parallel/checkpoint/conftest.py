@@ -15,13 +15,13 @@ step its checkpoint holds, so the data position is the step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import pytest
 
 import minipar as mp
-from minipar.parallel import ParallelDims, parallelize
+from minipar.parallel import ParallelDims, ShardingStrategy, parallelize
 from minipar.parallel import checkpoint as ck
 from minipar.parallel.checkpoint.full_state import parameter_of
 from minipar.runtime.collectives import all_gather
@@ -33,20 +33,22 @@ CLIP = 0.05  # clips every step of these runs: the norm over dp, tp and pp matte
 @dataclass(frozen=True)
 class Layout:
     dims: ParallelDims
-    zero: int = 0
+    zero: Union[int, ShardingStrategy] = 0  # a ZeRO stage, or an FSDP strategy
     schedule: Optional[str] = None  # None: no pipeline (pp must be 1)
     m: int = 2
     sp: bool = False
 
     def kwargs(self) -> dict:
-        kw: dict = dict(zero=self.zero, sequence_parallel=self.sp)
+        engine = "sharding_strategy" if isinstance(self.zero, ShardingStrategy) else "zero"
+        kw: dict = {engine: self.zero, "sequence_parallel": self.sp}
         if self.schedule is not None:
             kw.update(schedule=self.schedule, microbatches=self.m)
         return kw
 
     def __str__(self) -> str:
         d = self.dims
-        return (f"(dp {d.dp}, pp {d.pp}, tp {d.tp}) zero {self.zero} "
+        engine = getattr(self.zero, "name", f"zero {self.zero}")
+        return (f"(dp {d.dp}, pp {d.pp}, tp {d.tp}) {engine} "
                 f"{self.schedule or 'no pipeline'}{' SP' if self.sp else ''}")
 
 

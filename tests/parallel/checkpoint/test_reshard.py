@@ -26,9 +26,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minipar.parallel import ParallelDims
+from minipar.parallel import ParallelDims, ShardingStrategy
 from minipar.parallel import checkpoint as ck
 
+HYBRID = ShardingStrategy.HYBRID_SHARD
 SAVER = dict(dims=ParallelDims(dp_shard=2, pp=2, tp=2), zero=1, schedule="1f1b", sp=True)
 TARGETS = [  # (dp, pp, tp) of the issue, each with another engine and schedule
     dict(dims=ParallelDims(pp=4, tp=2), zero=0, schedule="gpipe", sp=True),
@@ -76,24 +77,28 @@ SIZES = [(dp, pp, tp) for dp in (1, 2, 4, 8) for pp in (1, 2, 4) for tp in (1, 2
 
 
 def layout(size, zero, schedule, sp) -> dict:
-    """(dp, pp, tp) with DDP (zero 0: dp replicas) or ZeRO over dp_shard, a schedule at pp
-    > 1 (interleaved needs pp x 2 chunks <= 4 blocks, else 1F1B), SP where tp > 1."""
+    """(dp, pp, tp) with DDP (zero 0: dp replicas), ZeRO or FULL_SHARD over dp_shard, or
+    HYBRID_SHARD (dp_shard 2 x dp_replicate dp/2; FULL_SHARD where dp < 4), a schedule
+    at pp > 1 (interleaved needs pp x 2 chunks <= 4 blocks, else 1F1B), SP where tp > 1."""
     dp, pp, tp = size
-    dims = ParallelDims(dp_shard=dp if zero else 1, dp_replicate=1 if zero else dp, pp=pp,
-                        tp=tp)
+    shard, replicate = (dp, 1) if zero else (1, dp)
+    if zero is HYBRID:
+        shard, replicate = (2, dp // 2) if dp >= 4 else (dp, 1)
+        zero = HYBRID if dp >= 4 else ShardingStrategy.FULL_SHARD
+    dims = ParallelDims(dp_shard=shard, dp_replicate=replicate, pp=pp, tp=tp)
     if schedule == "interleaved_1f1b" and pp * 2 > 4:
         schedule = "1f1b"
     return dict(dims=dims, zero=zero, schedule=schedule if pp > 1 else None,
                 sp=sp and tp > 1)
 
 
-LAYOUTS = st.builds(layout, st.sampled_from(SIZES), st.sampled_from([0, 1, 2, 3]),
+LAYOUTS = st.builds(layout, st.sampled_from(SIZES), st.sampled_from([0, 1, 2, 3, HYBRID]),
                     st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"]),
                     st.booleans())
 
 
 @pytest.mark.timeout(600)
-@settings(max_examples=8)
+@settings(max_examples=10)
 @given(save_as=LAYOUTS, load_as=LAYOUTS, dtype=st.sampled_from(["float64", "bfloat16"]),
        seed=st.integers(0, 2**16))
 def test_any_layout_of_at_most_8_ranks_loads_any_other_and_continues_bit_for_bit(
