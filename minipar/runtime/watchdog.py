@@ -1,6 +1,6 @@
 """The watchdog of `launch(..., timeout=T)`: ranks waited and nothing happened for T seconds.
 
-A deadlock inside minipar is diagnosed at once (backends/sim.py). What the runtime cannot
+A deadlock inside minipar is diagnosed at once (backends/waits.py). What the runtime cannot
 see is a rank that never comes back to it: spinning in a loop, sleeping, computing for
 ever, waiting on a lock or a queue of its own. Its peers wait for it without end. NCCL's
 watchdog ends such a job when a collective has not completed for its timeout (10 minutes
@@ -37,11 +37,11 @@ def watch(world, threads: list[threading.Thread], timeout: float) -> tuple[bool,
     fired = False
     while not fired and any(t.is_alive() for t in threads):
         next(t for t in threads if t.is_alive()).join(poll)
-        with world.cond:
+        with world.lock:
             if world.error is not None:
                 break
             idle = time.monotonic() - world.progress
-            if world.waiting and idle >= timeout:
+            if world.waiting and not world.computing and idle >= timeout:
                 world.error = CollectiveTimeoutError(_report(world, threads, timeout, idle))
                 world._changed()
                 fired = True

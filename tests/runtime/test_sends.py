@@ -221,14 +221,14 @@ def test_the_watchdog_names_the_rank_that_never_arrived_and_where_the_others_wai
 @pytest.mark.timeout(20)
 def test_the_watchdog_does_not_fire_while_ranks_make_progress_or_nobody_waits():
     def program(ctx):
-        time.sleep(0.6)  # nobody waits: computing, however long, is not a hang
-        for _ in range(30):  # 0.6 s of waits, each shorter than the timeout
-            if ctx.rank == 1:
-                time.sleep(0.02)
+        time.sleep(1.0)  # nobody waits: computing, however long, is not a hang
+        for _ in range(20):  # 0.8 s of waits, each far shorter than the timeout (margin
+            if ctx.rank == 1:  # for a loaded machine, where a thread may stall 0.1 s)
+                time.sleep(0.04)
             mp.barrier()
         return ctx.rank
 
-    assert mp.launch(program, 2, timeout=0.25) == [0, 1]
+    assert mp.launch(program, 2, timeout=0.6) == [0, 1]
 
 
 @pytest.mark.timeout(20)

@@ -14,29 +14,23 @@ diagnosed. `sends="eager"`: at once, like a buffered MPI send. A receive blocks 
 message is there. Under rendezvous a rank's program ends only once every send it started
 has been matched; under eager, messages nobody received are reported when the run ends.
 
-Diagnosis instead of hangs. A rank that must block records what it waits for. When every
-rank that has not finished is blocked and none of their waits can be satisfied, nothing
-can ever happen again: the world fails at once with a `DeadlockError` listing each rank.
-Blocked threads sleep on one condition variable (no busy waiting) and are woken by every
-change of state (`_changed`, which also stamps `progress` for the watchdog of
-runtime/watchdog.py); when one rank fails, all of them wake and leave with `WorldAborted`.
-A wait may carry a deadline (`Work.wait(timeout=)`): past it, the waiting rank raises
-`CollectiveTimeoutError`.
+Blocking, wake-ups and the diagnosis of deadlocks are in backends/waits.py (`RankWaits`,
+which `SimWorld` extends): a blocked rank sleeps until a change satisfies its own wait.
+The last rank to arrive at a collective computes the results outside the world's lock, so
+the other ranks' sends, receives and arrivals do not queue behind it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..errors import CollectiveMismatchError, CollectiveTimeoutError, DeadlockError, WorldAborted
+from ..errors import CollectiveMismatchError
 from ..reference import REFERENCES
 from .base import Call, Outcome
+from .waits import RankWaits
 
 
 @dataclass
@@ -60,12 +54,6 @@ SENDS = ("rendezvous", "eager")
 RENDEZVOUS_HINT = "send blocks until the receiver posts its recv"
 
 
-class _Waiting:
-    def __init__(self, predicate: Callable[[], bool], describe: Callable[[], str]):
-        self.predicate = predicate
-        self.describe = describe
-
-
 class SimHandle:
     """Handle of an operation on the simulated backend; wait() blocks without spinning."""
 
@@ -76,132 +64,41 @@ class SimHandle:
         self._outcome: Optional[Outcome] = None
 
     def is_completed(self) -> bool:
-        with self._world.cond:
+        with self._world.lock:
             return self._outcome is not None or self._ready()
 
     def wait(self) -> Outcome:
         if self._outcome is None:
             w = self._world
-            with w.cond:
+            with w.lock:
                 w.block_until(self._rank, self._ready, self._describe)
                 self._outcome = self._take()
         return self._outcome
 
 
-class SimWorld:
-    """Shared state of one simulated run: slots, mailboxes, who waits for what."""
+class SimWorld(RankWaits):
+    """Shared state of one simulated run: slots and mailboxes (who waits for what, and
+    the lock that guards it all: RankWaits)."""
 
     name = "sim"
 
     def __init__(self, world_size: int, sends: str = "rendezvous"):
         if sends not in SENDS:
             raise ValueError(f"sends={sends!r}: expected one of {SENDS}")
-        self.world_size = world_size
+        super().__init__(world_size)
         self.sends = sends
-        self.cond = threading.Condition()
-        self.progress = time.monotonic()  # wall time of the last change of state
-        self.last_call: dict[int, tuple] = {}  # rank -> its latest call: (format, *args)
-        self.deadlines: dict[int, tuple[float, float]] = {}  # rank -> (deadline, timeout)
         self.unsettled: dict[int, list] = {}  # rank -> its sends (key, seq, dst, tag, where)
         self.slots: dict[tuple, _Slot] = {}
         self.counters: dict[tuple, int] = {}  # (rank, group key) -> next call index
         self.mail: dict[tuple, dict[int, _Message]] = {}  # (src, dst, tag) -> seq -> msg
         self.sent: dict[tuple, int] = {}
         self.posted: dict[tuple, int] = {}
-        self.waiting: dict[int, _Waiting] = {}
-        self.finished: set[int] = set()
-        self.error: Optional[BaseException] = None
-
-    # ---- lifecycle -----------------------------------------------------------------
-    def _changed(self) -> None:
-        """Something happened: stamp the watchdog's clock and wake every waiter."""
-        self.progress = time.monotonic()
-        self.cond.notify_all()
-
-    def fail(self, error: BaseException) -> None:
-        """Record the first failure and wake every blocked rank so it can leave."""
-        with self.cond:
-            if self.error is None:
-                self.error = error
-            self._changed()
-
-    def finish(self, rank: int) -> None:
-        """Rank returned from its program; if the others now wait forever, say so."""
-        with self.cond:
-            self.finished.add(rank)
-            self.waiting.pop(rank, None)
-            self._check_deadlock()
-            self._changed()
-
-    def _check_alive(self) -> None:
-        if self.error is not None:
-            raise WorldAborted(f"stopped because another rank failed: {self.error}")
-
-    # ---- blocking with deadlock detection (call with self.cond held) ----------------
-    def block_until(self, rank: int, ready: Callable[[], bool], describe: Callable[[], str]):
-        deadline = self.deadlines.get(rank)
-        while True:
-            self._check_alive()
-            if ready():
-                self.waiting.pop(rank, None)
-                return
-            self.waiting[rank] = _Waiting(ready, describe)
-            if self._check_deadlock():
-                raise self.error
-            if deadline is None:
-                self.cond.wait()
-                continue
-            left = deadline[0] - time.monotonic()
-            if left <= 0:
-                self.waiting.pop(rank, None)
-                raise CollectiveTimeoutError(
-                    f"rank {rank}: Work.wait(timeout={deadline[1]:g}) expired, still waiting "
-                    f"in {describe()}. torch raises the same when a wait times out; find the "
-                    "rank that never arrived, or wait longer")
-            self.cond.wait(left)
-
-    @contextlib.contextmanager
-    def deadline(self, rank: int, seconds: float):
-        """Waits of `rank` inside this block raise CollectiveTimeoutError after `seconds`."""
-        self.deadlines[rank] = (time.monotonic() + seconds, seconds)
-        try:
-            yield
-        finally:
-            self.deadlines.pop(rank, None)
-
-    def _check_deadlock(self) -> bool:
-        """True (and the world failed with a DeadlockError) if no live rank can proceed."""
-        if self.error is not None:
-            return False
-        live = [r for r in range(self.world_size) if r not in self.finished]
-        if not live or any(r not in self.waiting for r in live):
-            return False
-        if any(self.waiting[r].predicate() for r in live):
-            return False
-        lines = ["deadlock: every live rank is blocked and none of them can proceed."]
-        for r in range(self.world_size):
-            state = ("finished (returned from its program)" if r in self.finished
-                     else "waiting in " + self.waiting[r].describe())
-            lines.append(f"  rank {r}: {state}")
-        lines.append("Check that every rank of each group makes the same collective calls in "
-                     "the same order, and that every recv has a matching send.")
-        if any(self.waiting[r].describe().startswith("send(") for r in live):
-            lines.append(
-                "A blocking send returns only once its receiver has posted the matching recv "
-                "(launch(..., sends='rendezvous'), as on NCCL and with MPI_Ssend): when every "
-                "rank of a ring sends before it receives, all of them wait forever. Post both "
-                "sides at once (isend, then recv, then wait on the send; or "
-                "batch_isend_irecv), or alternate by parity: even ranks send first, odd ranks "
-                "receive first.")
-        self.error = DeadlockError("\n".join(lines))
-        self._changed()
-        return True
 
     # ---- collectives -----------------------------------------------------------------
     def collective(self, call: Call) -> SimHandle:
         g = call.group
         me = g.group_rank(call.rank)
-        with self.cond:
+        with self.lock:
             self._check_alive()
             ckey = (call.rank, g.key)
             index = self.counters.get(ckey, 0)
@@ -213,9 +110,19 @@ class SimWorld:
             if first is not None and first.signature != call.signature:
                 self._mismatch(slot, g, index)
             self.last_call[call.rank] = ("{} on group {} at {}", call.kind, g, call.where)
-            if len(slot.calls) == g.size:
-                self._complete(slot)
-                self._changed()
+            last = len(slot.calls) == g.size
+            if last:
+                self.computing += 1
+        if last:  # the results, outside the lock; the members wait for slot.outcomes
+            outcomes = None
+            try:
+                outcomes = _outcomes(slot)
+            finally:
+                with self.lock:
+                    self.computing -= 1
+                    if outcomes is not None:
+                        slot.outcomes = outcomes
+                        self._changed()
 
         def ready() -> bool:
             return slot.outcomes is not None
@@ -248,28 +155,18 @@ class SimWorld:
         self._changed()
         raise self.error
 
-    def _complete(self, slot: _Slot) -> None:
-        """The last arrival computes every member's result through the reference."""
-        calls = [slot.calls[i] for i in range(slot.size)]
-        payloads = [c.payload for c in calls]
-        results = REFERENCES[calls[0].ref_kind](payloads, **calls[0].params)
-        results = _dealias(results, payloads)
-        start = max(c.local_start for c in calls)
-        infos = [c.size_info for c in calls] if calls[0].size_info is not None else None
-        slot.outcomes = [Outcome(r, start, infos) for r in results]
-
     # ---- point to point -------------------------------------------------------------
     def send(self, rank: int, array, dst: int, tag: int, arrival: float,
              where: str) -> SimHandle:
         """Deliver a copy to dst's mailbox; the handle completes once dst has posted the
         matching recv (rendezvous) or at once (eager)."""
-        with self.cond:
+        message = _Message(np.array(array, copy=True), arrival, where)  # outside the lock
+        with self.lock:
             self._check_alive()
             key = (rank, dst, tag)
             seq = self.sent.get(key, 0)
             self.sent[key] = seq + 1
-            self.mail.setdefault(key, {})[seq] = _Message(np.array(array, copy=True),
-                                                          arrival, where)
+            self.mail.setdefault(key, {})[seq] = message
             self.last_call[rank] = ("send(dst={}, tag={}) at {}", dst, tag, where)
             if self.sends == "rendezvous":
                 mine = self.unsettled.setdefault(rank, [])
@@ -288,7 +185,7 @@ class SimWorld:
         return SimHandle(self, rank, ready, lambda: Outcome(None, arrival), describe)
 
     def recv(self, rank: int, src: int, tag: int, where: str) -> SimHandle:
-        with self.cond:
+        with self.lock:
             self._check_alive()
             key = (src, rank, tag)
             seq = self.posted.get(key, 0)
@@ -312,7 +209,7 @@ class SimWorld:
     def settle_sends(self, rank: int) -> None:
         """At the end of rank's program (rendezvous): wait until every send it started has
         been matched by a posted recv; one never matched ends in a DeadlockError."""
-        with self.cond:
+        with self.lock:
             mine = self.unsettled.pop(rank, [])
             if not mine:
                 return
@@ -339,6 +236,18 @@ class SimWorld:
                     lines.append(f"rank {src} -> rank {dst}, tag {tag}: message #{seq} sent at "
                                  f"{msg.where} was never received")
         return lines
+
+
+def _outcomes(slot: _Slot) -> list[Outcome]:
+    """Every member's result through the reference, in group order (the last arrival
+    computes them; no other rank touches a complete slot until its outcomes are set)."""
+    calls = [slot.calls[i] for i in range(slot.size)]
+    payloads = [c.payload for c in calls]
+    results = REFERENCES[calls[0].ref_kind](payloads, **calls[0].params)
+    results = _dealias(results, payloads)
+    start = max(c.local_start for c in calls)
+    infos = [c.size_info for c in calls] if calls[0].size_info is not None else None
+    return [Outcome(r, start, infos) for r in results]
 
 
 def _dealias(results: list, payloads: list) -> list:

@@ -1,0 +1,151 @@
+"""Blocked ranks on the simulated backend: who waits for what, who wakes whom, deadlocks.
+
+Ranks are threads. One lock guards the world's state (this class's and the slots and
+mailboxes of backends/sim.py). A rank that must wait records what it waits for — a
+predicate over that state, and a sentence for diagnoses — and sleeps, without spinning,
+on a condition of its own over the world's lock.
+
+Who wakes whom. Every change of state calls `_changed`, which stamps `progress` for the
+watchdog (runtime/watchdog.py) and re-checks the predicate of each sleeping rank: only the
+ranks whose wait is now satisfied are woken (a message wakes its receiver, a posted recv
+its sender, a complete collective its members), each once. A failure wakes them all, and
+they leave with `WorldAborted`. So a rank never wakes to find nothing to do: with a
+single condition shared by all, every change woke every sleeper, which then had to take
+the interpreter lock back only to sleep again (benchmarks/README.md, "Pipeline
+parallelism", counts them).
+
+Diagnosis instead of hangs. When every rank that has not finished is blocked and none of
+their waits can be satisfied, nothing can ever happen again: the world fails at once with
+a `DeadlockError` listing each rank and what it waits in. A wait may carry a deadline
+(`Work.wait(timeout=)`): past it, the waiting rank raises `CollectiveTimeoutError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Callable, Optional
+
+from ..errors import CollectiveTimeoutError, DeadlockError, WorldAborted
+
+
+class _Waiting:
+    """What a blocked rank waits for; `woken` once a change has satisfied it."""
+
+    def __init__(self, predicate: Callable[[], bool], describe: Callable[[], str]):
+        self.predicate = predicate
+        self.describe = describe
+        self.woken = False
+
+
+class RankWaits:
+    """The blocking part of a simulated world of `world_size` ranks (SimWorld extends it)."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.lock = threading.Lock()  # guards the world's state, here and in SimWorld
+        self.wakeup = [threading.Condition(self.lock) for _ in range(world_size)]  # per rank
+        self.waiting: dict[int, _Waiting] = {}  # rank -> what it sleeps on
+        self.sleeps = [0] * world_size  # how often each rank went to sleep in a wait
+        self.wakeups = [0] * world_size  # how often each rank was woken; equal to sleeps
+        # in a run where no wait times out and nothing fails
+        self.finished: set[int] = set()
+        self.error: Optional[BaseException] = None
+        self.progress = time.monotonic()  # wall time of the last change of state
+        self.computing = 0  # last arrivals computing a collective's results, lock released
+        self.last_call: dict[int, tuple] = {}  # rank -> its latest call: (format, *args)
+        self.deadlines: dict[int, tuple[float, float]] = {}  # rank -> (deadline, timeout)
+
+    # ---- lifecycle (call with self.lock held, except fail and finish) ---------------
+    def _changed(self) -> None:
+        """Something happened: stamp the watchdog's clock, and wake each sleeping rank
+        whose wait it satisfied (every one of them once the world has failed)."""
+        self.progress = time.monotonic()
+        failed = self.error is not None
+        for rank, w in self.waiting.items():
+            if not w.woken and (failed or w.predicate()):
+                w.woken = True
+                self.wakeups[rank] += 1
+                self.wakeup[rank].notify()
+
+    def fail(self, error: BaseException) -> None:
+        """Record the first failure and wake every blocked rank so it can leave."""
+        with self.lock:
+            if self.error is None:
+                self.error = error
+            self._changed()
+
+    def finish(self, rank: int) -> None:
+        """Rank returned from its program; if the others now wait forever, say so."""
+        with self.lock:
+            self.finished.add(rank)
+            self.waiting.pop(rank, None)
+            self._check_deadlock()
+            self._changed()
+
+    def _check_alive(self) -> None:
+        if self.error is not None:
+            raise WorldAborted(f"stopped because another rank failed: {self.error}")
+
+    # ---- blocking with deadlock detection (call with self.lock held) ----------------
+    def block_until(self, rank: int, ready: Callable[[], bool], describe: Callable[[], str]):
+        """Sleep until ready() holds; woken by `_changed` only once it does (or on failure)."""
+        deadline = self.deadlines.get(rank)
+        while True:
+            self._check_alive()
+            if ready():
+                self.waiting.pop(rank, None)
+                return
+            self.waiting[rank] = _Waiting(ready, describe)
+            if self._check_deadlock():
+                raise self.error
+            self.sleeps[rank] += 1
+            if deadline is None:
+                self.wakeup[rank].wait()
+                continue
+            left = deadline[0] - time.monotonic()
+            if left <= 0:
+                self.waiting.pop(rank, None)
+                raise CollectiveTimeoutError(
+                    f"rank {rank}: Work.wait(timeout={deadline[1]:g}) expired, still waiting "
+                    f"in {describe()}. torch raises the same when a wait times out; find the "
+                    "rank that never arrived, or wait longer")
+            self.wakeup[rank].wait(left)
+
+    @contextlib.contextmanager
+    def deadline(self, rank: int, seconds: float):
+        """Waits of `rank` inside this block raise CollectiveTimeoutError after `seconds`."""
+        self.deadlines[rank] = (time.monotonic() + seconds, seconds)
+        try:
+            yield
+        finally:
+            self.deadlines.pop(rank, None)
+
+    def _check_deadlock(self) -> bool:
+        """True (and the world failed with a DeadlockError) if no live rank can proceed."""
+        if self.error is not None:
+            return False
+        live = [r for r in range(self.world_size) if r not in self.finished]
+        if not live or any(r not in self.waiting for r in live):
+            return False
+        if any(self.waiting[r].predicate() for r in live):
+            return False
+        lines = ["deadlock: every live rank is blocked and none of them can proceed."]
+        for r in range(self.world_size):
+            state = ("finished (returned from its program)" if r in self.finished
+                     else "waiting in " + self.waiting[r].describe())
+            lines.append(f"  rank {r}: {state}")
+        lines.append("Check that every rank of each group makes the same collective calls in "
+                     "the same order, and that every recv has a matching send.")
+        if any(self.waiting[r].describe().startswith("send(") for r in live):
+            lines.append(
+                "A blocking send returns only once its receiver has posted the matching recv "
+                "(launch(..., sends='rendezvous'), as on NCCL and with MPI_Ssend): when every "
+                "rank of a ring sends before it receives, all of them wait forever. Post both "
+                "sides at once (isend, then recv, then wait on the send; or "
+                "batch_isend_irecv), or alternate by parity: even ranks send first, odd ranks "
+                "receive first.")
+        self.error = DeadlockError("\n".join(lines))
+        self._changed()
+        return True
