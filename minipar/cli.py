@@ -2,9 +2,12 @@
 
     minipar tour [--trace PATH] [--ascii] [--width N] [--megabytes M]
     minipar incident NAME          (a: TP across nodes, b: the pipeline bubble, c: ZeRO-3 + activation checkpointing)
+    minipar example NAME           (kitchen: DP 2 x TP 4 x PP 3; 70b: TP 4, PP 2, DP 8; 7b)
     minipar train [--steps N] [--batch B] [--micro-batches K] [--seq-len S] [--layers L]
                   [--hidden H] [--heads A] [--lr LR] [--warmup W] [--dtype D] [--seed N]
-                  [--pp N] [--schedule NAME] [--chunks V]
+                  [--dp N] [--zero Z] [--dp-replicate R] [--pp N] [--schedule NAME]
+                  [--chunks V] [--tp N] [--sp] [--order ORDER]
+                  [--nodes N] [--gpus-per-node G] [--make-vocab-size-divisible-by N]
                   [--sample N] [--temperature T] [--prompt TEXT] [--quiet]
     minipar lessons [list | open NN | build [--check] [--force] [NN ...] | corpus [NN ...]]
     minipar grade NN [--impl exercise|solution|PATH] [--time-limit SECONDS]
@@ -27,14 +30,10 @@ from typing import Optional, Sequence
 from . import __version__
 from .course import find_lesson, grade
 from .course.grading import TIME_LIMIT
-from .data import load_corpus
 from .parallel.pp import SCHEDULES
-from .programs import lessons, train_report
+from .programs import examples, lessons, train_command
 from .programs.incidents import INCIDENTS, get
 from .programs.tour import MAX_MEGABYTES, run_tour, tour_nbytes
-from .programs.train import TrainConfig, generate, train
-from .programs.train_pipeline import train_pipeline
-from .programs.train_checks import TrainingDiverged, TrainingRefused, pipeline_flag_error
 
 
 def _tour(args: argparse.Namespace) -> int:
@@ -48,6 +47,11 @@ def _tour(args: argparse.Namespace) -> int:
 
 def _incident(args: argparse.Namespace) -> int:
     get(args.name).run(out=print)
+    return 0
+
+
+def _example(args: argparse.Namespace) -> int:
+    examples.get(args.name).run(out=print)
     return 0
 
 
@@ -160,72 +164,8 @@ def _implementation(text: str) -> str:
     return text
 
 
-def _check_train_flags(args: argparse.Namespace, warmup: int) -> None:
-    """Checks across flags, reported in flag names the way argparse reports its own."""
-    def divisors(n: int) -> str:
-        return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
-
-    if args.hidden % args.heads:
-        args.parser.error(f"--heads {args.heads} must divide --hidden {args.hidden} (each head "
-                          f"gets hidden/heads dimensions); try --heads in "
-                          f"{{{divisors(args.hidden)}}}")
-    if args.batch % args.micro_batches:
-        args.parser.error(f"--micro-batches {args.micro_batches} must divide --batch "
-                          f"{args.batch} (equal micro-batches); try one of "
-                          f"{{{divisors(args.batch)}}}")
-    if warmup > args.steps:
-        args.parser.error(f"--warmup {warmup} is longer than the run (--steps {args.steps})")
-    corpus = load_corpus()
-    if args.seq_len >= len(corpus):
-        args.parser.error(f"--seq-len {args.seq_len} is too long for the bundled corpus of "
-                          f"{len(corpus)} characters (a window needs seq_len + 1)")
-    _check_pipeline_flags(args)
-    unknown = sorted(set(args.prompt) - set(corpus))
-    if args.sample and (not args.prompt or unknown):
-        args.parser.error(f"--prompt must be non-empty and use only the corpus's characters; "
-                          f"{args.prompt!r} has {''.join(unknown) or 'no characters'!r}")
-
-
-def _check_pipeline_flags(args: argparse.Namespace) -> None:
-    """--pp, --schedule, --chunks: the schedule's and the split's rules, in flag names
-    (programs/train_checks.pipeline_flag_error builds the schedule and says what it refuses)."""
-    error = pipeline_flag_error(args.pp, args.schedule, args.chunks, args.micro_batches,
-                                args.layers, args.dtype)
-    if error:
-        args.parser.error(error)
-
-
 def _train(args: argparse.Namespace) -> int:
-    warmup = args.warmup if args.warmup is not None else args.steps // 10
-    _check_train_flags(args, warmup)
-    try:
-        cfg = TrainConfig(steps=args.steps, global_batch=args.batch,
-                          num_microbatches=args.micro_batches, seq_len=args.seq_len,
-                          num_layers=args.layers, hidden=args.hidden, num_heads=args.heads,
-                          lr=args.lr, warmup_steps=warmup, min_lr=args.lr / 10,
-                          dtype=args.dtype, seed=args.seed, pp=args.pp,
-                          schedule=args.schedule or "1f1b", chunks=args.chunks)
-    except ValueError as e:  # anything TrainConfig refuses that the checks above missed
-        args.parser.error(str(e))
-    progress = None if args.quiet else train_report.Progress(sys.stderr, cfg.log_every)
-    try:
-        r = (train_pipeline if cfg.pipelined else train)(cfg, on_step=progress)
-    except KeyboardInterrupt:
-        sys.stderr.write("\nminipar train: interrupted\n")
-        return 130
-    except TrainingRefused as e:  # too large for the device or this machine: nothing ran
-        args.parser.error(str(e))
-    except TrainingDiverged as e:  # the step and the likely cause; exit status 1
-        sys.stderr.write(f"\nminipar train: {e}\n")
-        return 1
-    print("\n".join(train_report.summary(cfg, r)))
-    if args.sample:
-        how = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}"
-        text = generate(r.model, r.tokenizer, args.prompt, args.sample,
-                        temperature=args.temperature, seed=cfg.seed)
-        print(f"\nsample ({how}, {args.sample} characters after {args.prompt!r}):")
-        print(text)
-    return 0
+    return train_command.run(args)  # the flags' checks across each other, the run, the summary
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     inc.add_argument("name", choices=sorted(INCIDENTS), metavar="NAME",
                      help="which incident: " + ", ".join(sorted(INCIDENTS)))
     inc.set_defaults(func=_incident)
+
+    ex = sub.add_parser("example", help="run one of the seed's 3-D layouts on simulated GPUs",
+                        description="; ".join(f"{k}: {w}" for k, (_, w) in
+                                              examples.EXAMPLES.items()))
+    ex.add_argument("name", choices=sorted(examples.EXAMPLES), metavar="NAME")
+    ex.set_defaults(func=_example)
 
     le = sub.add_parser("lessons", help="the course: list the lessons, show one's files, "
                                          "regenerate the exercises",
@@ -297,13 +243,15 @@ def build_parser() -> argparse.ArgumentParser:
     gr.set_defaults(func=_grade)
 
     tr = sub.add_parser("train", help="train a small GPT on the bundled corpus on one "
-                                      "simulated GPU (or a pipeline of them) and report loss, "
-                                      "time, FLOPs and memory",
+                                      "simulated GPU or any dp x pp x tp layout of them and "
+                                      "report loss, time, FLOPs and memory",
                         description="Train a character-level GPT on the bundled corpus on one "
                                     "simulated H100: gradient accumulation over micro-batches, "
                                     "global-norm clipping, AdamW with warmup and cosine decay, "
-                                    "mixed precision for bfloat16/float16; with --pp N, as a "
-                                    "pipeline of N simulated H100s running a schedule.")
+                                    "mixed precision for bfloat16/float16; with --dp, --pp, "
+                                    "--tp on --dp x --pp x --tp simulated H100s (ZeRO, a "
+                                    "pipeline schedule, sequence parallelism, nodes), with "
+                                    "each rank's memory and where its step's time went.")
     tr.add_argument("--steps", metavar="N", type=_steps, default=200,
                     help="optimizer steps, at most 1,000,000 (200)")
     tr.add_argument("--batch", metavar="B", type=_positive_int, default=32,
@@ -328,6 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "the 16-bit ones with float32 master weights (float32)")
     tr.add_argument("--seed", metavar="N", type=_count, default=0,
                     help="seed of the weights and the data (0)")
+    tr.add_argument("--dp", metavar="N", type=_pp, default=1,
+                    help="data-parallel ranks, each on its block of --batch, at most 64 (1)")
+    tr.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, metavar="Z",
+                    help="0: DDP over --dp; 1, 2, 3: ZeRO-1/2/3 (optimizer states, + "
+                         "gradients, + parameters partitioned over --dp) (0)")
+    tr.add_argument("--dp-replicate", metavar="R", type=_pp, default=1,
+                    help="with --zero 1-3: shard over --dp / R ranks and replicate the shards "
+                         "R times (HYBRID_SHARD's split: shard inside a node, replicate "
+                         "across) (1)")
     tr.add_argument("--pp", metavar="N", type=_pp, default=1,
                     help="pipeline stages, one simulated device each, at most 64; "
                          "--micro-batches is then the pipeline's m (1: one device)")
@@ -336,6 +293,24 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--chunks", metavar="V", type=_positive_int, default=None,
                     help="stages per rank: any for interleaved_1f1b, 2 (implied) for the V "
                          "schedules zbv and dualpipev, 1 for the others (the schedule's own)")
+    tr.add_argument("--tp", metavar="N", type=_pp, default=1,
+                    help="tensor-parallel ranks (Megatron), at most 64; must divide --heads, "
+                         "the MLP's 4 x --hidden and the vocabulary (1)")
+    tr.add_argument("--sp", action="store_true",
+                    help="sequence parallelism over the --tp group; --seq-len divides by --tp")
+    tr.add_argument("--order", metavar="ORDER", default="tp-cp-ep-dp-pp",
+                    help="how ranks are laid out, Megatron's order, fastest first: tp-pp-dp "
+                         "puts dp across the nodes (tp-cp-ep-dp-pp)")
+    tr.add_argument("--nodes", metavar="N", type=_pp, default=None,
+                    help="nodes of the simulated cluster (InfiniBand between them); the "
+                         "ranks, tp fastest, fill a node before the next (derived)")
+    tr.add_argument("--gpus-per-node", metavar="G", type=_pp, default=None,
+                    help="devices per node (NVLink inside it); --nodes x --gpus-per-node "
+                         "= --dp x --pp x --tp (one node of every rank)")
+    tr.add_argument("--make-vocab-size-divisible-by", metavar="N", type=_positive_int,
+                    default=1, dest="vocab_divisible_by",
+                    help="pad the vocabulary to a multiple of N, on every layout alike, so "
+                         "--tp can split it (Megatron's flag) (1)")
     tr.add_argument("--sample", type=_sample, default=0, metavar="N",
                     help="print N characters generated by the trained model, at most "
                          "100,000 (0)")

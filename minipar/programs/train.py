@@ -32,10 +32,10 @@
   or gradient norm stops the run at that step with the likely cause (`TrainingDiverged`).
 
 `train(TrainConfig(...))` is deterministic in the seed: the data of step n depends only on
-(seed, n), the weights on (seed, parameter name). `TrainConfig(pp=N, schedule=...,
-chunks=V)` describes a pipeline of N simulated devices instead, trained by
-`train_pipeline` (train_pipeline.py) on the same data, with the same optimizer, schedule
-of learning rates and clipping.
+(seed, n), the weights on (seed, parameter name). `TrainConfig(dp=, pp=, tp=, ...)`
+(train_config.py) describes a layout of dp x pp x tp simulated devices instead, trained by
+`train_parallel` (train_parallel.py) on the same data, with the same optimizer, schedule of
+learning rates and clipping; every size 1 is this loop.
 """
 
 from __future__ import annotations
@@ -43,201 +43,24 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..data import (CharTokenizer, TokenStream, load_corpus, loss_scale_for_accumulation,
                    split_microbatches)
-from ..nn.config import GPTConfig
 from ..nn.gpt import GPT
 from ..nn.saved import release_all
 from ..optim import (AdamW, MixedPrecisionOptimizer, WarmupCosine, clip_grad_norm_,
                     no_decay_for)
-from ..parallel.pp import own_chunks, schedule, split_layers
 from ..plan import model_flops
-from ..plan.training_memory import TrainingMemory
 from ..runtime.context import device
 from ..runtime.ledger import CATEGORIES
+from .train_config import (MIXED, NO_DECAY, TRAIN_DTYPES, StepInfo, TrainConfig,  # noqa: F401
+                           TrainResult)
+from .train_checks import check_memory, diverged, host_available_bytes
 from .train_report import peak_label
-from .train_checks import check_can_learn, check_memory, diverged, host_available_bytes
-
-TRAIN_DTYPES = ("float32", "bfloat16", "float16", "float64")
-MIXED = ("bfloat16", "float16")
-NO_DECAY = ("*.bias", "*ln*")  # biases and LayerNorm gains/shifts are not decayed (GPT-2/3)
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"TrainConfig.{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"TrainConfig.{name} must be >= {minimum}, got {value}")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """What to train and how. The defaults (108,544 parameters, 1,024 tokens a step, 200
-    steps) take 15-20 s on two CPU cores and bring the corpus loss from ln(50) ≈ 3.9 to
-    about 1.9.
-
-    Model: a GPT with `num_layers` blocks of width `hidden` and `num_heads` heads over
-    windows of `seq_len` characters (the vocabulary is the corpus's characters).
-    Batch: `global_batch` sequences per step, cut into `num_microbatches` equal parts.
-    Optimizer: AdamW, lr warmed up linearly from 0 over `warmup_steps`, then cosine down to
-    `min_lr` at `steps`; `weight_decay` on matrices and embeddings only; gradients clipped
-    to a global norm of `clip` (math.inf: never clip, but still measure the norm).
-    Pipeline: `pp` ranks (1: one device) running `schedule` (a name of minipar.parallel.pp
-    .SCHEDULES: "gpipe", "1f1b", "interleaved_1f1b" with `chunks` stages per rank, the
-    zero-bubble "zb_h1", "zb_h2", and the V schedules "zbv", "dualpipev" with two) over the
-    `num_microbatches`; `chunks` None is the schedule's own (1, or 2 in a V).
-    """
-
-    steps: int = 200
-    global_batch: int = 32
-    num_microbatches: int = 1
-    seq_len: int = 32
-    num_layers: int = 2
-    hidden: int = 64
-    num_heads: int = 4
-    lr: float = 1e-2
-    warmup_steps: int = 20
-    min_lr: float = 1e-3
-    weight_decay: float = 0.1
-    clip: float = 1.0
-    dtype: str = "float32"
-    seed: int = 0
-    log_every: int = 10
-    pp: int = 1
-    schedule: str = "1f1b"
-    chunks: Optional[int] = None
-
-    def __post_init__(self):
-        if self.chunks is None:  # the schedule's own: 1, or 2 in a V
-            object.__setattr__(self, "chunks", own_chunks(self.schedule))
-        for name, minimum in (("steps", 1), ("global_batch", 1), ("num_microbatches", 1),
-                              ("warmup_steps", 0), ("seed", 0), ("log_every", 1), ("pp", 1),
-                              ("chunks", 1)):
-            _check_int(name, getattr(self, name), minimum)
-        if self.global_batch % self.num_microbatches:
-            ks = [d for d in range(1, self.global_batch + 1) if self.global_batch % d == 0]
-            raise ValueError(
-                f"a global batch of {self.global_batch} sequences cannot be cut into "
-                f"{self.num_microbatches} equal micro-batches; use a number of micro-batches "
-                f"in {ks}, or a global batch that is a multiple of {self.num_microbatches}")
-        if self.warmup_steps > self.steps:
-            raise ValueError(f"TrainConfig.warmup_steps={self.warmup_steps} is longer than "
-                             f"the run (steps={self.steps}); use at most {self.steps}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"TrainConfig.lr must be a positive number, got {self.lr}")
-        if not 0.0 <= self.min_lr <= self.lr:
-            raise ValueError(f"TrainConfig.min_lr must be in [0, lr={self.lr}], "
-                             f"got {self.min_lr}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
-        if not self.clip > 0:  # also refuses nan
-            raise ValueError(f"TrainConfig.clip must be > 0 (math.inf turns clipping off), "
-                             f"got {self.clip}")
-        if self.dtype not in TRAIN_DTYPES:
-            raise ValueError(f"TrainConfig.dtype must be one of {TRAIN_DTYPES}, "
-                             f"got {self.dtype!r}")
-        self.model_config(vocab_size=1)  # the model's own checks (heads divide hidden, ...)
-        check_can_learn(self.hidden, self.steps, self.warmup_steps)
-        if self.pipelined:
-            self._check_pipeline()
-
-    @property
-    def pipelined(self) -> bool:
-        """Whether this run is a pipeline (train_pipeline), not one device (train)."""
-        return self.pp > 1 or self.chunks > 1
-
-    def _check_pipeline(self) -> None:
-        """The schedule's and the split's own refusals (ScheduleError is a ValueError)."""
-        schedule(self.schedule, self.pp, self.num_microbatches, self.chunks)
-        split_layers(self.num_layers, self.pp * self.chunks)
-        if self.dtype == "float16":
-            raise ValueError("a pipeline trains through the data-parallel engines, which do "
-                             "not scale the loss, and float16 needs loss scaling: use "
-                             "dtype='bfloat16' (float32's range) or 'float32'")
-
-    def model_config(self, vocab_size: int) -> GPTConfig:
-        """The GPT this run trains, for a tokenizer with `vocab_size` symbols."""
-        return GPTConfig(vocab_size=vocab_size, seq_len=self.seq_len, hidden=self.hidden,
-                         num_heads=self.num_heads, num_layers=self.num_layers,
-                         dtype=self.dtype, seed=self.seed)
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.global_batch * self.seq_len
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """What `train` tells `on_step` after each step (`step` counts from 1)."""
-
-    step: int
-    steps: int
-    loss: float
-    lr: float                 # the learning rate this step used
-    grad_norm: float          # before clipping; nan for a skipped step
-    skipped: bool             # float16 overflow: the optimizer did not step
-    loss_scale: float         # S (1.0 unless float16)
-    wall_seconds: float       # since training began
-    tokens_per_second: float  # wall-clock throughput so far
-
-
-@dataclass
-class TrainResult:
-    """Everything a run measured. Lists have one entry per step."""
-
-    config: TrainConfig
-    losses: list[float]
-    lrs: list[float]
-    grad_norms: list[float]
-    skipped: list[bool]
-    sim_step_times: list[float]          # simulated seconds the clock advanced per step
-    model_flops_per_step: float          # 72 B s l h^2 (1 + s/6h + V/12lh), Narayanan et al.
-    clock_flops_per_step: float          # what the clock was charged (matmuls only)
-    peak_flops: float                    # the device's peak FLOP/s for the dtype
-    peak_label: str                      # which peak that is: "494 TFLOP/s, the TF32 ..."
-    ledger_peak: dict[str, int]          # peak bytes per category (non-zero ones) and total
-    final_loss_scale: float              # float16's dynamic loss scale at the end (else 1.0)
-    wall_time: float                     # seconds, set-up included
-    device_name: str
-    num_parameters: int
-    params_summary: dict[str, Any]
-    memory_estimate: TrainingMemory      # what was checked before allocating (train_checks)
-    model: GPT = field(repr=False)
-    tokenizer: CharTokenizer = field(repr=False)
-    world_size: int = 1                  # simulated devices (a pipeline's pp)
-    bubble: float = 0.0                  # the schedule's idle share with equal stages:
-    #                                      idle / (p x makespan), a share of the step
-    bubble_over_ideal: float = 0.0       # the same idle / busy: the papers' bubble fraction
-
-    @property
-    def skipped_steps(self) -> int:
-        return sum(self.skipped)
-
-    @property
-    def sim_step_time(self) -> float:
-        """Mean simulated seconds per step (every step has the same shapes, so the same)."""
-        return float(np.mean(self.sim_step_times))
-
-    @property
-    def mfu(self) -> float:
-        """Model FLOPs / (simulated step time × peak × devices): 1.0 on one device by
-        construction."""
-        return self.model_flops_per_step / (self.sim_step_time * self.peak_flops
-                                            * self.world_size)
-
-    def first_loss(self, n: int = 5) -> float:
-        """Mean loss of the first n steps."""
-        return float(np.mean(self.losses[:n]))
-
-    def last_loss(self, n: int = 5) -> float:
-        """Mean loss of the last n steps."""
-        return float(np.mean(self.losses[-n:]))
-
+from .train_timing import StepClock, split_step
 
 def _params_summary(model: GPT) -> dict[str, Any]:
     """Count, dtype, global L2 norm and a SHA-256 of every parameter's bytes (in order)."""
@@ -257,10 +80,11 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
           ) -> TrainResult:
     """Train a GPT on the bundled corpus on one fresh simulated device (see the module
     docstring for the loop); `on_step(StepInfo)` is called after every step."""
-    if cfg.pipelined:
-        raise ValueError(f"TrainConfig(pp={cfg.pp}, chunks={cfg.chunks}) is a pipeline of "
-                         f"{cfg.pp} devices: train it with minipar.programs.train_pipeline."
-                         f"train_pipeline(cfg), or give pp=1, chunks=1 for one device")
+    if cfg.parallel:
+        raise ValueError(f"TrainConfig(dp={cfg.dp}, pp={cfg.pp}, tp={cfg.tp}, chunks="
+                         f"{cfg.chunks}) is a layout of {cfg.world_size} devices: train it "
+                         f"with minipar.programs.train_parallel.train_parallel(cfg), or give "
+                         f"every size 1 for one device")
     wall0 = time.perf_counter()
     text = load_corpus()
     tok = CharTokenizer.from_text(text)
@@ -268,7 +92,7 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
     mcfg = cfg.model_config(tok.vocab_size)
     k = cfg.num_microbatches
     mixed = cfg.dtype in MIXED
-    losses, lrs, norms, skipped, sim_times = [], [], [], [], []
+    losses, lrs, norms, skipped = [], [], [], []
 
     with device() as ctx:
         # refuse before allocating what neither the device nor this machine can hold
@@ -290,8 +114,9 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
         # any other overflow ends as an inf/nan loss or norm, which stops the run below
         quiet = dict(over="ignore", invalid="ignore")
 
+        steps = StepClock(ctx)
         for step in range(cfg.steps):
-            t0 = ctx.clock.now
+            steps.start()
             inputs, targets = stream.batch(step, cfg.global_batch)  # [s, B] each
             scale = getattr(opt, "loss_scale", 1.0)  # S: float16's loss scale, else 1
             dloss = scale * loss_scale_for_accumulation(k)  # S/k
@@ -324,13 +149,17 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
             lrs.append(lr)
             norms.append(float(norm))
             skipped.append(not taken)
-            sim_times.append(ctx.clock.now - t0)
+            steps.stop()
             if on_step is not None:
                 wall = time.perf_counter() - wall0
                 on_step(StepInfo(step + 1, cfg.steps, losses[-1], lr, norms[-1], not taken,
                                  scale, wall, (step + 1) * cfg.tokens_per_step / wall))
 
-        clock_flops = sum(e.flops for e in ctx.trace.of("compute"))
+        clock_flops = steps.flops
+        sim_times = steps.times
+        topo = ctx.topology
+        split = split_step(steps.events, steps.t0, sim_times[-1],
+                           {topo.intra.name: topo.intra.bandwidth}, [])
         ledger_peak = {c: ctx.ledger.peak(c) for c in CATEGORIES if ctx.ledger.peak(c)}
         ledger_peak["total"] = ctx.ledger.peak()
         peak = ctx.device.peak(cfg.dtype)
@@ -342,13 +171,14 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
         config=cfg, losses=losses, lrs=lrs, grad_norms=norms, skipped=skipped,
         sim_step_times=sim_times,
         model_flops_per_step=model_flops(cfg.global_batch, cfg.seq_len, cfg.num_layers,
-                                         cfg.hidden, tok.vocab_size),
+                                         cfg.hidden, mcfg.vocab_size),
         clock_flops_per_step=clock_flops / cfg.steps, peak_flops=peak, peak_label=label,
         ledger_peak=ledger_peak, final_loss_scale=final_scale,
         wall_time=time.perf_counter() - wall0,
         device_name=device_name, num_parameters=model.num_parameters(),
         params_summary=_params_summary(model), memory_estimate=memory, model=model,
-        tokenizer=tok)
+        tokenizer=tok, rank_peaks=[ledger_peak], time_split=[split],
+        topology=f"one {device_name}")
 
 
 # ---- sampling ---------------------------------------------------------------------------
@@ -377,6 +207,7 @@ def generate(model: GPT, tokenizer: CharTokenizer, prompt: str, num_chars: int,
             _, cache = model.forward(window, np.zeros_like(window), rng)
             # cache.head.loss is the cross-entropy's Saved: its logits, at the last position: [V]
             logits = cache.head.loss.logits[-1, 0].astype(np.float64)
+            logits = logits[:tokenizer.vocab_size]  # a padded vocabulary's extra rows: never
             release_all(cache)
             if temperature == 0:
                 ids.append(int(np.argmax(logits)))

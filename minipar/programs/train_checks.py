@@ -15,7 +15,9 @@ whose warmup keeps the learning rate at 0.
 `minipar train --pp N --schedule NAME --chunks V`: the schedule is built from the flags
 before anything runs, and what it refuses (a V's two chunks, interleaving's m % p,
 DualPipeV's m >= 2p, ...) is the command's usage error, its advice in flag names
-(pipeline_flag_error): the rules live in the schedules, not restated here.
+(pipeline_flag_error): the rules live in the schedules, not restated here. Likewise the
+layout's flags (layout_flag_error): --tp through check_tensor_parallel, the world against
+--nodes x --gpus-per-node, the batch against --dp x --micro-batches.
 
 While it runs, a loss or gradient norm that is inf or nan stops the run at that step
 (`TrainingDiverged`), with the likely cause, before the optimizer writes nan into the
@@ -30,7 +32,9 @@ import re
 from typing import Optional
 
 from ..parallel.pp import SCHEDULES, ScheduleError, own_chunks, schedule
+from ..parallel.tp import check_tensor_parallel
 from ..plan.training_memory import TrainingMemory, training_memory
+from ..runtime.checks import MAX_RANKS
 from ..runtime.ledger import fmt_bytes
 
 
@@ -162,3 +166,67 @@ def in_flags(text: str) -> str:
     text = re.sub(r"\bleave chunks out\b", "leave --chunks out", text)
     text = re.sub(r"\bpp = (\d+)", r"--pp \1", text)
     return re.sub(r"'(%s)'" % "|".join(map(re.escape, SCHEDULES)), r"--schedule \1", text)
+
+
+def layout_flag_error(dp: int, pp: int, tp: int, zero: int, sp: bool, nodes: Optional[int],
+                      gpus_per_node: Optional[int], batch: int, microbatches: int,
+                      dtype: str, mcfg, dp_replicate: int = 1) -> Optional[str]:
+    """What `minipar train` must refuse in --dp, --dp-replicate, --tp, --zero, --sp, --nodes,
+    --gpus-per-node, said in flag names, or None. `mcfg`: the GPTConfig the flags describe
+    (its vocabulary padded as --make-vocab-size-divisible-by says); the tensor-parallel
+    split is the library's own check (check_tensor_parallel)."""
+    world = dp * pp * tp
+    sizes = f"--dp {dp} x --pp {pp} x --tp {tp} = {world} ranks"
+    if world > MAX_RANKS:
+        return f"{sizes}, more than minipar lays out ({MAX_RANKS}); lower one of them"
+    if zero and dp == 1:
+        return (f"--zero {zero} partitions the training state over the data-parallel ranks, "
+                f"and --dp is 1: give --dp N (N > 1), or leave --zero out (DDP)")
+    if dp_replicate > 1 and (zero == 0 or dp % dp_replicate):
+        return (f"--dp-replicate {dp_replicate} replicates ZeRO's shards over groups of --dp "
+                f"{dp} / {dp_replicate} ranks: give --zero 1, 2 or 3 and a --dp-replicate in "
+                f"{divisors(dp)}" + ("" if zero else " (--zero 0, DDP, replicates already)"))
+    if sp and tp == 1:
+        return ("--sp splits each sequence over the tensor-parallel group, and --tp is 1: "
+                "give --tp N (N > 1), or leave --sp out")
+    per = dp * microbatches
+    if batch % per:
+        return (f"--batch {batch} cannot be shared by --dp {dp} x --micro-batches "
+                f"{microbatches} = {per} equal blocks ({batch} % {per} = {batch % per}): "
+                f"use a --batch that is a multiple of {per}, or fewer --dp or --micro-batches")
+    for flag, n in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
+        if n is not None and world % n:
+            return f"{flag} {n} does not divide the {sizes}: use {flag} in {divisors(world)}"
+    if nodes is not None and gpus_per_node is not None and nodes * gpus_per_node != world:
+        return (f"--nodes {nodes} x --gpus-per-node {gpus_per_node} = "
+                f"{nodes * gpus_per_node} devices, but {sizes}: make the two products "
+                f"equal, or give only one of --nodes and --gpus-per-node")
+    if world > 1 and dtype == "float16":
+        return ("--dtype float16 needs loss scaling, which the parallel engines do not do: "
+                "use --dtype bfloat16 (float32's range) or float32")
+    if mcfg.vocab_size % tp:
+        V = mcfg.vocab_size
+        return (f"--tp {tp} cannot split the vocabulary of {V} entries ({V} % {tp} = "
+                f"{V % tp}): pad it with --make-vocab-size-divisible-by {tp} (Megatron's flag; "
+                f"one device then trains the same padded model), or use --tp in "
+                f"{divisors(V)}")
+    try:
+        check_tensor_parallel(mcfg, tp, sp)
+    except ValueError as e:
+        return f"--tp {tp}{' --sp' if sp else ''}: {tp_in_flags(str(e))}"
+    return None
+
+
+def divisors(n: int) -> str:
+    """'{1, 2, 4, 8}'."""
+    return "{" + ", ".join(str(d) for d in range(1, n + 1) if n % d == 0) + "}"
+
+
+def tp_in_flags(text: str) -> str:
+    """check_tensor_parallel's advice in the command's flags: num_heads -> --heads, seq_len
+    -> --seq-len, tensor-parallel size 4 -> --tp 4, ffn_hidden -> the MLP's 4 x --hidden."""
+    text = re.sub(r"tensor-parallel size (\d+)", r"--tp \1", text)
+    text = re.sub(r"\b(by|into) tp\b", r"\1 --tp", text)
+    text = re.sub(r"\bnum_heads\b", "--heads", text)
+    text = re.sub(r"\bseq_len\b", "--seq-len", text)
+    return re.sub(r"\bffn_hidden\b", "the MLP's width (4 x --hidden)", text)

@@ -65,17 +65,21 @@ def summary(cfg, r) -> list[str]:
         flops += f"; the clock was charged {r.clock_flops_per_step:,.0f}"
     memory = ", ".join(f"{c} {fmt_bytes(b)}" for c, b in r.ledger_peak.items() if c != "total")
     devices = r.world_size
-    where = (f"one simulated {r.device_name}" if not cfg.pipelined else
-             f"{devices} simulated {r.device_name} device{'s' if devices > 1 else ''}, a "
-             f"pipeline of {cfg.pp * cfg.chunks} stages")
+    where = (f"one simulated {r.device_name}" if not cfg.parallel else
+             f"{devices} simulated {r.device_name} device{'s' if devices > 1 else ''}"
+             + (f", a pipeline of {cfg.pp * cfg.chunks} stages" if cfg.pipelined else ""))
+    padded = (f" (padded to {m.vocab_size})" if m.vocab_size != r.tokenizer.vocab_size
+              else "")
     lines = [
         f"minipar train: GPT, {m.num_layers} layers, hidden {m.hidden}, {m.num_heads} heads, "
-        f"{m.vocab_size}-character vocabulary: {r.num_parameters:,} parameters in {cfg.dtype} "
+        f"{r.tokenizer.vocab_size}-character vocabulary{padded}: {r.num_parameters:,} parameters in {cfg.dtype} "
         f"on {where}",
         f"  batches         {cfg.steps} steps of {cfg.global_batch} sequences x {cfg.seq_len} "
         f"characters ({cfg.tokens_per_step:,} tokens), {cfg.num_microbatches} micro-batch"
         f"{'es' if cfg.num_microbatches > 1 else ''} each",
     ]
+    if cfg.parallel:
+        lines += [f"  layout          {layout(cfg)}", f"  cluster         {r.topology}"]
     if cfg.pipelined:
         lines.append(
             f"  pipeline        {cfg.schedule}, pp {cfg.pp}, {cfg.chunks} chunk"
@@ -91,19 +95,88 @@ def summary(cfg, r) -> list[str]:
     if cfg.dtype == "float16":
         lines.append(f"  skipped steps   {r.skipped_steps} of {cfg.steps} (float16 gradients "
                      f"overflowed); loss scale now {r.final_loss_scale:g}")
+    bound = (f"the bubble alone bounds it at {100 * (1 - r.bubble):.1f} %; messages (each "
+             f"send's and collective's latency: the stages' activations and gradients, the "
+             f"norm's all-reduce, the loss's broadcast) and unequal stages take the rest"
+             if cfg.pipelined else "the exposed communication and the idle time below take "
+             "the rest")
     lines += [
-        f"  simulated time  {r.sim_step_time * 1e6:.3f} us a step on the device clock",
+        f"  simulated time  {r.sim_step_time * 1e6:.3f} us a step on the device clock"
+        + ("" if devices == 1 else " (the slowest rank's)"),
         f"  model FLOPs     {flops}",
-        f"  simulated MFU   {100 * r.mfu:.1f} % of {r.peak_label}" + (
+        f"  simulated MFU   {100 * r.mfu:.{1 if r.mfu >= 0.01 else 3}f} % of {r.peak_label}" + (
             ": on one device by construction (only matmuls are charged to the clock)"
-            if devices == 1 else
-            f" on each of {devices} devices: the bubble alone bounds it at "
-            f"{100 * (1 - r.bubble):.1f} %; messages (each send's and collective's latency: "
-            f"the stages' activations and gradients, the norm's all-reduce, the loss's "
-            f"broadcast) and unequal stages take the rest"),
+            if devices == 1 else f" on each of {devices} devices: {bound}"),
         f"  memory peak     {memory}; total {fmt_bytes(r.ledger_peak['total'])}"
         + ("" if devices == 1 else " (the busiest rank's)"),
         f"  wall time       {r.wall_time:.1f} s "
         f"({cfg.steps * cfg.tokens_per_step / r.wall_time:,.0f} tokens/s on this machine)",
     ]
+    if devices > 1:
+        lines += time_table(r) + memory_table(r)
     return lines
+
+
+def layout(cfg) -> str:
+    """'dp 2 (ZeRO-1) x pp 2 x tp 2 + SP = 8 ranks, laid out in the order tp-cp-ep-dp-pp
+    (Megatron's, fastest first)'."""
+    hybrid = (f" sharded over {cfg.dp // cfg.dp_replicate}, replicated {cfg.dp_replicate}"
+              f" times" if cfg.dp_replicate > 1 else "")
+    dp = f"dp {cfg.dp}" + (f" (ZeRO-{cfg.zero}{hybrid})" if cfg.zero else
+                           " (DDP)" if cfg.dp > 1 else "")
+    tp = f"tp {cfg.tp}" + (" + SP" if cfg.sequence_parallel else "")
+    return (f"{dp} x pp {cfg.pp} x {tp} = {cfg.world_size} ranks, laid out in the order "
+            f"{cfg.order} (Megatron's, fastest first)")
+
+
+def rank_label(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> 'ranks 0-2,5'; [3] -> 'rank 3'."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return f"rank{'s' if len(ranks) > 1 else ''} {text}"
+
+
+def _grouped(rows: list[list[str]]) -> list[tuple[str, list[str]]]:
+    """Ranks with the same row, once: [(rank_label, row)] in order of their first rank."""
+    seen: dict[tuple, list[int]] = {}
+    for rank, row in enumerate(rows):
+        seen.setdefault(tuple(row), []).append(rank)
+    return [(rank_label(ranks), list(row)) for row, ranks in seen.items()]
+
+
+def _table(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    groups = _grouped(rows)
+    first = max(len(label) for label, _ in groups)
+    widths = [max(len(h), *(len(row[i]) for _, row in groups)) for i, h in enumerate(header)]
+    lines = [f"  {title}", "    " + " " * first + "".join(f"  {h:>{w}}" for h, w in
+                                                          zip(header, widths))]
+    lines += ["    " + f"{label:<{first}}" + "".join(f"  {v:>{w}}" for v, w in zip(row, widths))
+              for label, row in groups]
+    return lines
+
+
+def time_table(r) -> list[str]:
+    """The last step's simulated time on each rank: compute, exposed communication per link
+    class, idle (train_timing.split_step), in us; each row sums to the step."""
+    keys = list(r.time_split[0])
+    links = [k for k in keys if k not in ("compute", "idle")]
+    header = ["compute", *(f"exposed {k}" for k in links), "idle", "step"]
+    rows = [[f"{s[k] * 1e6:.3f}" for k in ["compute", *links, "idle"]]
+            + [f"{sum(s.values()) * 1e6:.3f}"] for s in r.time_split]
+    return _table("time split      the last step on each rank, simulated us (idle: nothing "
+                  "to compute, nothing of its own on the wire: bubble and waits)", header, rows)
+
+
+def memory_table(r) -> list[str]:
+    """Each rank's ledger peak by category (the peak of each category on its own; total: the
+    peak of their sum)."""
+    used = [c for c in r.ledger_peak if c != "total"]
+    rows = [[fmt_bytes(p.get(c, 0)) for c in used] + [fmt_bytes(p["total"])]
+            for p in r.rank_peaks]
+    return _table("memory peaks    on each rank, by the ledger's category", [*used, "total"],
+                  rows)

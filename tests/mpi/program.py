@@ -4,10 +4,12 @@
     python tests/mpi/program.py sim OUT_DIR                 # four simulated devices
 
 Each rank writes OUT_DIR/rank<r>.npz (allow_pickle=False): its results flattened into
-named arrays, plus its simulated clock and trace. All data are small integers in floating
-point, so every summation order gives the same bits and MPI's results must equal the
-sim backend's exactly. Ranks get different, asymmetric data, so a wrong order, root or
-axis shows.
+named arrays, plus its simulated clock and trace. Most data are small integers in floating
+point, so every summation order gives the same bits; the "ordered_" results sum random
+floats, whose bits depend on the order, over four ranks (the MPI backend must reduce them
+in group order, as the sim backend does) and over two (where a + b = b + a). MPI's
+results must equal the sim backend's exactly. Ranks get different, asymmetric data, so
+a wrong order, root or axis shows.
 """
 
 from __future__ import annotations
@@ -67,6 +69,15 @@ def program(ctx) -> dict:
     out["broadcast_0d"] = mp.broadcast(np.int64(7) if r == 3 else None, src=3)
     mp.barrier()
 
+    # floats whose sum depends on the order: small ones are reduced in group order
+    noise = np.random.default_rng(100 + r).standard_normal((8, 8))
+    out["ordered_sum_f64"] = mp.all_reduce(noise)
+    out["ordered_avg_f32"] = mp.all_reduce(noise.astype(np.float32), op="avg")
+    out["ordered_prod"] = mp.all_reduce(1 + noise[0] / 4, op="prod")
+    out["ordered_reduce_to_1"] = mp.reduce(noise, dst=1)
+    out["ordered_reduce_scatter"] = mp.reduce_scatter(noise, axis=1)
+    out["ordered_max"] = mp.all_reduce(noise, op="max")
+
     # results of 1 MiB or more come from the MPI backend's buffer cache: results still
     # held, and views of dropped ones, must never be handed out again
     big = data(r, (1 << 18,), "float32")
@@ -97,6 +108,7 @@ def program(ctx) -> dict:
     pair = mp.new_group([r % 2, r % 2 + 2], name="pairs")
     out["pair_all_reduce"] = mp.all_reduce(data(r, (4,)), group=pair)
     out["pair_all_gather"] = mp.all_gather(data(r, (2,), "int64"), group=pair)
+    out["ordered_pair_sum"] = mp.all_reduce(noise, group=pair)  # MPI's own reduction
     evens = mp.new_group([0, 2])
     if r in evens:
         out["evens_bf16"] = mp.all_reduce(data(r, (6,), ml_dtypes.bfloat16), group=evens)

@@ -23,11 +23,17 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 PROGRAM = os.path.join(HERE, "program.py")
 
 
-def _program():
-    spec = importlib.util.spec_from_file_location("minipar_mpi_program", PROGRAM)
+def _load(name: str):
+    """A program of this folder, imported by path (tests/mpi is no package)."""
+    path = os.path.join(HERE, name)
+    spec = importlib.util.spec_from_file_location(f"minipar_mpi_{name[:-3]}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _program():
+    return _load("program.py")
 
 
 def _mpiexec() -> str:
@@ -104,10 +110,7 @@ def test_tensor_and_data_parallel_training_runs_the_same_on_processes(tmp_path):
     """TensorParallelGPT (tp = 2, sequence parallel, dropout) under ZeRO-1 (dp = 2) with
     clipping: four MPI processes end with the sim backend's losses, shards, gradient norm
     and clocks, bit for bit, and the losses are one device's."""
-    spec = importlib.util.spec_from_file_location(
-        "minipar_mpi_tp_program", os.path.join(HERE, "tp_program.py"))
-    tp_program = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tp_program)
+    tp_program = _load("tp_program.py")
     proc = _mpirun(4, [os.path.join(HERE, "tp_program.py"), "mpi", str(tmp_path)])
     assert proc.returncode == 0, f"mpiexec failed:\n{proc.stdout}\n{proc.stderr}"
     sim = tp_program.run("sim")
@@ -132,3 +135,54 @@ def test_tensor_and_data_parallel_training_runs_the_same_on_processes(tmp_path):
             opt.zero_grad()
     dp_mean = np.mean([sim[r]["losses"] for r in (0, 2)], axis=0)  # one rank per dp replica
     np.testing.assert_allclose(dp_mean, losses, rtol=1e-12)
+
+
+def _one_device_losses(cfg, batches, m: int, opt: dict, max_norm: float) -> list[float]:
+    """One device, the m micro-batches of each global batch accumulated in order."""
+    from minipar.data.batches import split_microbatches
+    from minipar.nn import GPT
+    from minipar.optim import AdamW, clip_grad_norm_
+    import minipar as mp
+    with mp.device():
+        model = GPT(cfg)
+        opt = AdamW(model.parameters(), **opt)
+        losses = []
+        for ids, tgt in batches:
+            losses.append(np.mean([model.loss_and_grad(x, y, loss_scale=1.0 / m)
+                                   for x, y in split_microbatches(ids, tgt, m)]))
+            clip_grad_norm_(model.parameters(), max_norm)
+            opt.step()
+            opt.zero_grad()
+    return losses
+
+
+@pytest.mark.timeout(120)
+def test_a_dp_pp_tp_layout_on_eight_processes_equals_the_sim_backend_bit_for_bit(tmp_path):
+    """dp x pp x tp = 2 x 2 x 2 built by parallelize, 3 AdamW steps of 4 micro-batches
+    with SP, dropout, tied embeddings and the clip active: 1F1B and ZB-H1, each under DDP
+    and ZeRO-1. Eight MPI processes end with the sim backend's losses, parameters, norm,
+    clock and trace, byte for byte (the norm's sum over the four ranks of tp x pp is
+    reduced in group order on both), and the losses are one device's."""
+    pp_program = _load("pp_program.py")
+    proc = _mpirun(8, [os.path.join(HERE, "pp_program.py"), "mpi", str(tmp_path)],
+                   timeout=90)
+    assert proc.returncode == 0, f"mpiexec failed:\n{proc.stdout}\n{proc.stderr}"
+    want = _one_device_losses(pp_program.CFG, pp_program.batches(), pp_program.MICRO,
+                              pp_program.OPT, pp_program.MAX_NORM)
+    for case in pp_program.CASES:
+        sim = pp_program.run("sim", case)
+        for r in range(pp_program.WORLD):
+            with np.load(tmp_path / case / f"rank{r}.npz", allow_pickle=False) as f:
+                got = {k: f[k] for k in f.files}
+            assert set(got) == set(sim[r]), f"{case}, rank {r}: different arrays"
+            for name, a in sim[r].items():
+                assert got[name].dtype == a.dtype and got[name].shape == a.shape, \
+                    f"{case}, rank {r}, {name}: {got[name].dtype}{got[name].shape} != " \
+                    f"{a.dtype}{a.shape}"
+                assert got[name].tobytes() == a.tobytes(), f"{case}, rank {r}, {name}"
+            assert sim[r]["grad_norm"] > pp_program.MAX_NORM  # the clip acts
+            assert any(n.startswith("p2p:send") for n in sim[r]["trace_names"])
+        params = {n for r in sim for n in sim[r] if n.startswith("param/")}
+        assert len(params) > 8 and all(sim[r]["clock"][3] > 0 for r in sim)
+        dp_mean = np.mean([sim[r]["losses"] for r in (0, 2)], axis=0)  # both dp blocks
+        np.testing.assert_allclose(dp_mean, want, rtol=1e-12, err_msg=case)

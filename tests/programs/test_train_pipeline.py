@@ -6,7 +6,7 @@ import pytest
 from minipar.cli import build_parser, main
 from minipar.parallel.pp import SCHEDULES, dry_run, lower, schedule
 from minipar.programs.train import TrainConfig, train
-from minipar.programs.train_pipeline import EQUAL_STAGES, train_pipeline
+from minipar.programs.train_parallel import EQUAL_STAGES, train_parallel
 
 # ~29k parameters, 8 x 16 characters a step, 4 micro-batches: about 0.3 s per pipeline run
 TINY = dict(steps=6, global_batch=8, seq_len=16, num_layers=2, hidden=32, num_heads=2,
@@ -24,7 +24,7 @@ def test_a_pipeline_trains_like_one_device(pp, name, chunks):
     too, to 1e-11 of the largest; the clock is charged the same matmul FLOPs."""
     cfg = dict(TINY, dtype="float64")
     one = train(TrainConfig(**cfg))
-    r = train_pipeline(TrainConfig(**cfg, pp=pp, schedule=name, chunks=chunks))
+    r = train_parallel(TrainConfig(**cfg, pp=pp, schedule=name, chunks=chunks))
     np.testing.assert_allclose(r.losses, one.losses, rtol=1e-12)
     np.testing.assert_allclose(r.grad_norms, one.grad_norms, rtol=1e-12)
     assert r.lrs == one.lrs and r.world_size == pp
@@ -56,6 +56,7 @@ def test_the_command_runs_a_pipeline_and_names_its_schedule(capsys):
      ["multiple of pp = 4", "microbatches = 4"]),
     (dict(pp=2, chunks=2), ["'1f1b' runs one stage per rank", "'interleaved_1f1b'"]),
     (dict(pp=2, dtype="float16"), ["float16 needs loss scaling", "bfloat16"]),
+    (dict(dp=2, dtype="float16"), ["float16 needs loss scaling", "bfloat16"]),
 ])
 def test_pipelines_that_cannot_run_are_refused_by_the_config(kw, words):
     with pytest.raises(ValueError) as e:
@@ -64,11 +65,11 @@ def test_pipelines_that_cannot_run_are_refused_by_the_config(kw, words):
         assert w in str(e.value)
 
 
-def test_train_and_train_pipeline_refuse_each_others_configs():
-    with pytest.raises(ValueError, match="train_pipeline"):
+def test_train_and_train_parallel_refuse_each_others_configs():
+    with pytest.raises(ValueError, match="train_parallel"):
         train(TrainConfig(**TINY, pp=2))
     with pytest.raises(ValueError, match=r"one device: train it with train\(cfg\)"):
-        train_pipeline(TrainConfig(**TINY))
+        train_parallel(TrainConfig(**TINY))
 
 
 @pytest.mark.timeout(60)
@@ -82,7 +83,7 @@ def test_the_zero_bubble_schedules_train_like_one_device(name):
     one = train(TrainConfig(**cfg))
     c = TrainConfig(**cfg, pp=2, schedule=name)
     assert c.chunks == (2 if name in ("zbv", "dualpipev") else 1)
-    r = train_pipeline(c)
+    r = train_parallel(c)
     np.testing.assert_allclose(r.losses, one.losses, rtol=1e-12)
     np.testing.assert_allclose(r.grad_norms, one.grad_norms, rtol=1e-12)
     run = dry_run(lower(schedule(name, 2, 4)), EQUAL_STAGES)

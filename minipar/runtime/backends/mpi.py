@@ -15,10 +15,13 @@ Each also Iallreduces (MAX) the members' `local_start` into `Outcome.start` and
 Iallgathers their `size_info`, so clocks, ledgers and traces are the sim backend's. Data
 moves as bytes; a header (dtype code, ndim, shape, a time) tells receivers what comes.
 
-Reductions: MPI reduces float32/64 and integers itself (avg = sum / n, as in reference.py)
-in an order of its choosing, so float results may differ from the sim backend's in the
-last bits. It cannot add bfloat16 or float16: those blocks are all-gathered and reduced
-by reference.py in group order, giving the sim backend's bits.
+Reductions: MPI reduces integers, and float32/64 over two ranks or above 64 KiB a rank
+(mpi_steps.ORDERED_BYTES), itself (avg = sum / n, as in reference.py), in an order of
+its choosing: the sim backend's bits wherever order cannot matter (integers, max, min,
+a + b = b + a over two ranks), and maybe not in the last bits of a large float sum over
+more ranks. Smaller float sums and products over more than two ranks, and every
+reduction of bfloat16 or float16 (which MPI cannot add), are all-gathered and reduced by
+reference.py in group order, giving the sim backend's bits (mpi_steps.in_group_order).
 
 Point to point: `send` Isends a header and a private copy of the data and keeps both until
 complete (all complete at the end of `launch_mpi`); `recv` posts its header receive at
@@ -65,8 +68,9 @@ from ..group import ProcessGroup
 from ..result import LaunchResult
 from ..topology import Topology
 from .base import Call, Outcome
-from .mpi_steps import (CACHE, HEADER, KINDS, NATIVE, Steps, as_bytes, by_reference, caller,
-                        check_movable, header, private_copy, unheader)
+from .mpi_steps import (CACHE, CODES, HEADER, KINDS, MAX_NDIM, Steps, as_bytes, by_reference,
+                        caller, check_movable, header, in_group_order, private_copy,
+                        unheader)
 
 
 # ---- handles --------------------------------------------------------------------------
@@ -106,7 +110,10 @@ class MpiHandle:
 
     def wait(self) -> Outcome:
         while self._outcome is None:
-            self._guard(self._b.block, self._reqs, self)
+            if len(self._b.inflight) == 1:  # only this one: nothing else to keep moving
+                self._guard(MPI.Request.Waitall, self._reqs)
+            else:
+                self._guard(self._b.block, self._reqs, self)
             self._next()
         return self._outcome
 
@@ -189,17 +196,25 @@ class MpiBackend:
             tag = zlib.crc32(repr(group.key).encode()) % 32768  # the same on every member
             everyone = self.world.Get_group()
             members = everyone.Incl(list(group.ranks))
-            self._comms[group.key] = self.world.Create_group(members, tag)
+            comm = self.world.Create_group(members, tag)
+            self._comms[group.key] = (comm, comm.Get_rank())  # group rank i = comm rank i
             members.Free(), everyone.Free()
-        return self._comms[group.key]
+        return self._comms[group.key][0]
 
     def collective(self, call: Call) -> MpiHandle:
         if call.ref_kind not in KINDS:
             raise CollectiveUsageError(f"{caller(call)}: the mpi backend has no {call.kind!r}")
-        for a in [call.payload] if isinstance(call.payload, np.ndarray) else call.payload or []:
-            check_movable(np.asarray(a), call)
-        comm, me = self.comm(call.group), call.group.group_rank(call.rank)
-        start, latest = np.array([call.local_start], np.float64), np.empty(1)
+        x = call.payload
+        if isinstance(x, np.ndarray):
+            if x.dtype not in CODES or x.ndim > MAX_NDIM:
+                check_movable(x, call)
+        else:
+            for a in x or ():
+                check_movable(np.asarray(a), call)
+        if call.group.key not in self._comms:
+            self.comm(call.group)
+        comm, me = self._comms[call.group.key]
+        start, latest = np.array([call.local_start]), np.empty(1)  # float64 both
         first, mine, infos = [comm.Iallreduce(start, latest, MPI.MAX)], None, None
         if call.size_info is not None:
             mine = np.asarray(call.size_info, np.int64)
@@ -207,7 +222,7 @@ class MpiBackend:
             first.append(comm.Iallgather(mine, infos))
         kind = KINDS[call.ref_kind]
         if call.kind in ("all_reduce", "reduce", "reduce_scatter") and \
-                call.payload.dtype not in NATIVE:
+                in_group_order(call.payload, call.params["op"], comm.size):
             kind = by_reference
         return MpiHandle(self, call, kind(comm, me, call), first, (start, latest, mine, infos))
 
@@ -238,7 +253,7 @@ class MpiBackend:
         for reqs, *_ in self._sends:
             MPI.Request.Waitall(reqs)
         self._sends.clear()
-        for c in [self.heads, self.data, *self._comms.values()]:
+        for c in [self.heads, self.data, *(c for c, _ in self._comms.values())]:
             c.Free()
         self._comms.clear()
 

@@ -31,6 +31,9 @@ NATIVE = {np.dtype(t): getattr(MPI, t.upper() + "_T") for t in (
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}
 NATIVE.update({np.dtype("float32"): MPI.FLOAT, np.dtype("float64"): MPI.DOUBLE})
 OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+#: float sums and products over more than two ranks of at most this many bytes per rank
+#: are reduced in group order (by_reference); larger ones by MPI, in its own order
+ORDERED_BYTES = 1 << 16
 Steps = Generator[list, None, Any]  # yields the requests of each stage, returns the result
 
 
@@ -137,9 +140,22 @@ def _reduce_scatter(comm, me: int, call: Call) -> Steps:
     return np.ascontiguousarray(np.moveaxis(average(out, op, comm.size), 0, axis))
 
 
+def in_group_order(x: np.ndarray, op: str, n: int) -> bool:
+    """Whether a reduction of x over n ranks goes `by_reference`, giving the sim backend's
+    bits: MPI cannot reduce its dtype (bfloat16, float16), or MPI's order of adding would
+    change the bits and x is small enough (ORDERED_BYTES) that all-gathering the n blocks
+    costs what MPI's own reduction does (both latency-bound). Order cannot matter for
+    integers, for max and min, nor over two ranks (a + b = b + a in IEEE arithmetic)."""
+    if x.dtype not in NATIVE:
+        return True
+    return (n > 2 and x.dtype.kind == "f" and op in ("sum", "avg", "prod")
+            and x.nbytes <= ORDERED_BYTES)
+
+
 def by_reference(comm, me: int, call: Call) -> Steps:
-    """A reduction MPI cannot do (bfloat16, float16, ...): all-gather the blocks, then
-    reduce them with reference.py in group order, as the sim backend does."""
+    """A reduction MPI cannot do (bfloat16, float16, ...), or a small float one whose
+    bits must be the sim backend's (in_group_order): all-gather the blocks, then reduce
+    them with reference.py in group order, as the sim backend does."""
     x = np.ascontiguousarray(call.payload)
     blocks = CACHE.empty((comm.size,) + x.shape, x.dtype)
     yield [comm.Iallgather(as_bytes(x), as_bytes(blocks))]
