@@ -55,6 +55,18 @@ class Recovery:
         """Where saves go: --checkpoint-dir, else the directory resumed from."""
         return self.checkpoint_dir or self.resume
 
+    def check(self, steps: int) -> Optional[ck.Latest]:
+        """Before any rank starts: the save a resume will load (None: no resume), refused
+        (CheckpointError) if there is none or it leaves nothing of `steps` to train."""
+        if self.resume is None:
+            return None
+        last = ck.latest(self.resume)
+        if last.step >= steps:
+            raise CheckpointError(f"its newest complete checkpoint is at step {last.step}, "
+                                  f"and a run of {steps} steps leaves nothing to train; "
+                                  f"give more than {last.step} steps")
+        return last
+
 
 def parse_fault(text: str) -> Fault:
     """"RANK:STEP" or "RANK:STEP:POINT" (POINT: step, save, or an action such as 2F1)."""
@@ -62,17 +74,45 @@ def parse_fault(text: str) -> Fault:
     try:
         if len(parts) not in (2, 3):
             raise ValueError
-        return Fault(int(parts[0]), int(parts[1]), parts[2] if len(parts) == 3 else "step")
+        rank, step = int(parts[0]), int(parts[1])
     except ValueError:
         raise ValueError(f"--fail-at takes RANK:STEP or RANK:STEP:POINT (POINT: step, save, "
                          f"or a pipeline action such as 2F1; steps count from 1), got "
                          f"{text!r}") from None
+    return Fault(rank, step, parts[2] if len(parts) == 3 else "step")  # its own checks
 
 
-def check_resumable(root: PathLike) -> ck.Latest:
-    """The save a --resume would load, checked before any rank starts (a usage error
-    otherwise): the newest complete one under root."""
-    return ck.latest(root)
+def recovery_from_args(args, cfg) -> Recovery:
+    """--checkpoint-dir, --save-every, --resume, --fail-at -> a Recovery, checked before
+    any rank starts (usage errors, exit status 2, in flag names): a fault's rank in the
+    world, a --resume directory holding a complete save short of --steps."""
+    faults = []
+    for text in args.fail_at:
+        try:
+            faults.append(parse_fault(text))
+        except ValueError as e:
+            args.parser.error(str(e))
+        if faults[-1].rank >= cfg.world_size or faults[-1].step > cfg.steps:
+            args.parser.error(f"--fail-at {text}: the run has ranks 0..{cfg.world_size - 1} "
+                              f"and steps 1..{cfg.steps}")
+    rec = Recovery(Path(args.checkpoint_dir) if args.checkpoint_dir else None,
+                   args.save_every, Path(args.resume) if args.resume else None, tuple(faults))
+    try:
+        rec.check(cfg.steps)
+    except CheckpointError as e:
+        args.parser.error(f"--resume {args.resume}: "
+                          + str(e).replace(f"a run of {cfg.steps} steps", f"--steps {cfg.steps}"))
+    return rec
+
+
+def resume_note(recovery: Recovery) -> str:
+    """The lines printed before a resumed run: which save, and the newer ones skipped."""
+    if recovery.resume is None:
+        return ""
+    last = ck.latest(recovery.resume)
+    lines = [f"minipar train: skipped {d}: {why}\n" for d, why in last.skipped]
+    return "".join(lines) + (f"minipar train: resuming from {last.path} (step {last.step}); "
+                             f"steps {last.step + 1}.. follow\n")
 
 
 def resume_at(run, scheduler, recovery: Optional[Recovery]) -> int:
@@ -92,9 +132,11 @@ def save_if_due(run, step: int, recovery: Optional[Recovery]) -> None:
         ck.save_step(run, recovery.save_dir)
 
 
-def failure_report(err: RankFailedError, recovery: Recovery) -> str:
+def failure_report(err: Union[RankFailedError, CheckpointError], recovery: Recovery) -> str:
     """What `minipar train` prints when a rank failed: the rank, its traceback, and where
-    the run can go on from."""
+    the run can go on from (or why the checkpoint could not be loaded)."""
+    if isinstance(err, CheckpointError):
+        return f"minipar train: cannot resume from {recovery.resume}: {err}"
     what = "an injected fault" if isinstance(err.original, InjectedFault) else "an error"
     lines = [f"minipar train: rank {err.rank} failed ({what}); the run stopped on every "
              f"rank.", str(err)]
