@@ -481,6 +481,95 @@ INHERENT = {
 }
 
 
+# ---- lesson 07: 3-D composition and topology --------------------------------------------
+def _q54(tp, dp, pp, r, g):
+    t, d, p = r % tp, r // tp % dp, r // (tp * dp)
+    dp_group = [r - d * tp + i * tp for i in range(dp)]
+    pp_group = [r - p * tp * dp + i * tp * dp for i in range(pp)]
+    text = lambda xs: ", ".join(str(x) for x in xs)
+    return dict(tp=tp, dp=dp, pp=pp, rank=r, gpus_per_node=g, world=tp * dp * pp, tp_rank=t,
+                dp_rank=d, pp_rank=p, tp_group=text(range(r - t, r - t + tp)),
+                dp_group=text(dp_group), pp_group=text(pp_group),
+                torch_shape=str((pp, dp, tp)), node=r // g,
+                dp_nodes=len({x // g for x in dp_group}),
+                pp_nodes=text(sorted({x // g for x in pp_group})))
+
+
+# the tiny GPT of q55 (V 24, s 6, h 16, 2 layers) at dp_shard 2 x pp 2 x tp 2, m = 2, B = 8:
+# b = 2 sequences a micro-batch and dp rank, float64
+SIM_SBH = 6 * 2 * 16 * 8
+SIM_TP = 8 * 2 * (4 * 1 + 1) * SIM_SBH + 4 * 2 * 3 * 6 * 2 * 8  # q55's tp all-reduce bytes
+# a tp rank's parameters: a block 6h^2 + 3.5h (column shards) + 6h (proj and fc2 biases,
+# two LayerNorms, replicated); the first stage adds wte/tp and wpe, the last ln_f and the
+# head's V/tp x h; ZeRO-1's reduce-scatter and all-gather send half the buffer each
+SIM_BLOCK = 6 * 16**2 + 3.5 * 16 + 6 * 16
+SIM_DP = 4 * 8 * (SIM_BLOCK + 12 * 16 + 6 * 16) + 4 * 8 * (SIM_BLOCK + 2 * 16 + 12 * 16)
+SIM_PP = 2 * 2 * 2 * 2 * SIM_SBH + 4 * 8  # sends, and the loss broadcast to the first stage
+# the 70B-class GPT of q57 and q64 (V 32000, s 4096, h 8192, 80 layers, its own head), bf16
+P70 = 2 * 32000 * 8192 + 4096 * 8192 + 80 * (12 * 8192**2 + 13 * 8192) + 2 * 8192
+G70, S70 = 2 * P70 / 8, 4096 * 8192 * 2  # a GPU's gradients at tp x pp = 8; [s, 1, h]
+TP70 = 12 * 40 * 4 * ring_ar(S70, 4, NV_B, NV_A)  # m = 12 micro-batches
+DP70 = 2 * ring_half(G70, 2, NV_B, NV_A) + ring_ar(G70 / 2, 4, IB_B, IB_A)  # 2 ranks a node
+HALF70 = ring_half(G70, 2, NV_B, NV_A) + ring_half(G70 / 2, 4, IB_B, IB_A)  # RS or AG
+S56, S60 = 2048 * 2 * 6144 * 2, 2048 * 12288 * 2
+C60 = 72 * 2048 * 12288**2 * (1 + 2048 / (6 * 12288)) / 8 / PEAK
+J62 = 54 * 24 / 419
+Y62 = math.sqrt(2 * 2 * J62 * 60)
+EXPECTED.update({
+    "q54": _q54(4, 9, 3, 60, 8),
+    "q55": dict(batch=8, m=2, tp_nv=SIM_TP, tp_ib=0, dp_nv=int(SIM_DP), dp_ib=0,
+                pp_ib=SIM_PP, pp_nv=0, share_tp=SIM_TP / (SIM_TP + SIM_DP + SIM_PP)),
+    "q56": dict(h=6144, s=2048, b=2, layers=60, tp=8, gpus_per_node=8, mb=S56 / 2**20,
+                in_ms=4 * 60 * ring_ar(S56, 8, NV_B, NV_A) * 1e3,
+                ring_ms=4 * 60 * ring_ar(S56, 8, IB_B, IB_A) * 1e3,
+                hier_ms=4 * 60 * (2 * ring_half(S56, 4, NV_B, NV_A)
+                                  + ring_ar(S56 / 4, 2, IB_B, IB_A)) * 1e3,
+                ring_x=ring_ar(S56, 8, IB_B, IB_A) / ring_ar(S56, 8, NV_B, NV_A),
+                hier_x=(2 * ring_half(S56, 4, NV_B, NV_A) + ring_ar(S56 / 4, 2, IB_B, IB_A))
+                / ring_ar(S56, 8, NV_B, NV_A)),
+    "q57": dict(psi_b=70, gpus=64, gpus_per_node=8, tp=4, pp=2, dp=8, h=8192, layers=80,
+                s=4096, m=12, gpu_gb=94, per_gpu_b=70 / 8, ddp_gb=16 * 70 / 8,
+                z1_gb=4 * 70 / 8 + 12 * 70 / 8 / 8,
+                default_s=TP70 + DP70 + 2 * 12 * (IB_A + S70 / IB_B), default_dp_s=DP70,
+                outer_s=TP70 + ring_ar(G70, 8, IB_B, IB_A) + 2 * 12 * (NV_A + S70 / NV_B),
+                outer_dp_s=ring_ar(G70, 8, IB_B, IB_A)),
+    "q58": dict(psi_b=7, n=16, gpu_gb=80, s=3072, long_s=32768, h=4096, layers=32, heads=64,
+                ddp_gb=16 * 7, z1_gb=4 * 7 + 12 * 7 / 16, z2_gb=2 * 7 + 14 * 7 / 16,
+                act_gb=32 * 34 * 3072 * 4096 / 1e9, long_act_gb=32 * 34 * 32768 * 4096 / 1e9,
+                pp2_bubble=1 / 8),
+    "q59": dict(tp=8, pp=4, dp=12, failed=211, batch=1536, world=384, replica=211 // 8 % 12,
+                replica_gpus=8 * 4, first=2 * 8, last=3 * 8 * 12 + 2 * 8 + 7,
+                left=384 - 32, new_dp=11, per_replica=1536 // 12, new_per_replica=1536 / 11),
+    "q60": dict(h=12288, s=2048, b=1, tp=8, gpus_per_node=8, block_ms=C60 * 1e3,
+                ar_in_ms=4 * ring_ar(S60, 8, NV_B, NV_A) * 1e3,
+                ar_x_ms=4 * ring_ar(S60, 8, IB_B, IB_A) * 1e3,
+                share_in=4 * ring_ar(S60, 8, NV_B, NV_A) / C60,
+                share_x=4 * ring_ar(S60, 8, IB_B, IB_A) / C60),
+    "q61": dict(nodes=16, m=24, p1=16, p2=8, p3=4, b1=15 / 24, b2=7 / 24, b3=3 / 24),
+    "q62": dict(gpus=16384, days=54, interruptions=419, big=100000, save_min=2,
+                restart_min=10, job_h=J62, gpu_years=J62 * 16384 / (24 * 365),
+                big_min=J62 * 16384 / 100000 * 60, per_day=24 / J62, young_min=Y62,
+                lost=2 / Y62 + (Y62 / 2 + 10) / (J62 * 60)),
+    "q63": dict(batch=8, m=2, steps=3, first_loss=lambda v: abs(v - math.log(24)) < 0.2,
+                last_loss=lambda v: v < VALUES["q63"]["first_loss"], max_diff=small(1e-12)),
+    "q64": dict(psi_b=70, gpus=64, gpus_per_node=8, tp=4, pp=2, dp=8, h=8192, layers=80,
+                s=4096, m=12, z1_s=DP70, z3_s=(1 + 2 * 12) * HALF70, z3_x=25 * HALF70 / DP70,
+                z1_gb=4 * 70 / 8 + 12 * 70 / 8 / 8, z3_gb=16 * 70 / 8 / 8),
+    "q65": dict(tp=4, dp=5, pp=2, gpus_per_node=8, right_groups=10, right_spanning=0,
+                right_rank0="0, 1, 2, 3", wrong_groups=10, wrong_spanning=10, wrong_nodes=4,
+                wrong_rank0="0, 10, 20, 30"),
+})
+INHERENT.update({
+    "q55": [{"tp_ib", "dp_ib", "pp_nv"}],
+    "q56": [{"tp", "gpus_per_node"}],  # a tp group of a whole node, split over two
+    "q57": [{"dp", "gpus_per_node"}],  # the seed's example
+    "q60": [{"tp", "gpus_per_node"}],  # tp = a node
+    "q61": [{"nodes", "p1"}],  # PP = the number of nodes
+    "q64": [{"dp", "gpus_per_node"}],  # the seed's example  # nothing of tp and dp crosses, nothing of pp stays
+    "q65": [{"right_groups", "wrong_groups", "wrong_spanning"},  # every group, both orders
+            {"tp", "wrong_nodes"}],  # tp slowest: each member on its own node
+})
+
 def placeholders(fmt):
     return [(name, spec) for _, name, spec, _ in string.Formatter().parse(fmt) if name]
 
@@ -489,9 +578,9 @@ def placeholders(fmt):
 def test_at_least_25_questions_and_4_per_lesson_12_and_8_for_pipelines():
     assert len(bank.QUESTIONS) >= 25
     per_lesson = collections.Counter(q.lesson for q in bank.QUESTIONS)
-    assert set(per_lesson) == {"00", "01", "02", "03", "04", "05", "06"}
+    assert set(per_lesson) == {"00", "01", "02", "03", "04", "05", "06", "07"}
     assert all(count >= 4 for count in per_lesson.values()), per_lesson
-    assert per_lesson["05"] >= 12 and per_lesson["06"] >= 8
+    assert per_lesson["05"] >= 12 and per_lesson["06"] >= 8 and per_lesson["07"] >= 12
     ids = [q.id for q in bank.QUESTIONS]
     assert ids == [f"q{i:02d}" for i in range(1, len(ids) + 1)]
     lessons = [q.lesson for q in bank.QUESTIONS]
