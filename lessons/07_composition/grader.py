@@ -145,7 +145,7 @@ def trained(dims: ParallelDims, zero: int, m: int, topo: mp.Topology, batch: int
     targets = np.roll(ids, -1, axis=0)
 
     def program(ctx):
-        run = parallelize(MODEL, dims, zero=zero, lr=1e-3,
+        run = parallelize(MODEL, dims, zero=zero, lr=1e-3, placement="any",
                           **({"microbatches": m} if dims.pp > 1 else {}))
         first = len(ctx.trace.events)
         ctx.ledger.reset_peak()
@@ -214,7 +214,7 @@ def sent_across(dims: ParallelDims, topo: mp.Topology, batch: int, m: int) -> tu
     targets = np.roll(ids, -1, axis=0)
 
     def program(ctx):
-        run = parallelize(SMALL, dims, microbatches=m, lr=1e-3)
+        run = parallelize(SMALL, dims, microbatches=m, lr=1e-3, placement="any")
         first = len(ctx.trace.events)
         run.train_step(ids, targets)
         ctx.resolve_pending()

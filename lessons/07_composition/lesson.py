@@ -105,7 +105,7 @@ targets = np.roll(ids, -1, axis=0)
 def step(ctx, dims, zero, m, steps=1):
     """`steps` training steps of MODEL at `dims`; per rank the losses, the ledger's peak,
     the last step's bytes by (group, link class) and its seconds by group."""
-    run = parallelize(MODEL, dims, zero=zero, lr=1e-3,
+    run = parallelize(MODEL, dims, zero=zero, lr=1e-3, placement="any",
                       **({"microbatches": m} if dims.pp > 1 else {}))
     losses = []
     for _ in range(steps):

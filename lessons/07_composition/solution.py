@@ -69,7 +69,7 @@ def place_layout(cfg: GPTConfig, topology: mp.Topology, global_batch: int,
     targets = np.roll(ids, -1, axis=0)
 
     def measure(ctx, dims, zero, m):
-        run = parallelize(cfg, dims, zero=zero, lr=1e-3,
+        run = parallelize(cfg, dims, zero=zero, lr=1e-3, placement="any",
                           **({"microbatches": m} if dims.pp > 1 else {}))
         first = len(ctx.trace.events)
         ctx.ledger.reset_peak()

@@ -103,7 +103,8 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
         run = parallelize(mcfg, cfg.dims, zero=cfg.zero,
                           sequence_parallel=cfg.sequence_parallel, max_grad_norm=cfg.clip,
                           lr=cfg.lr, weight_decay=cfg.weight_decay,
-                          weight_decay_filter=no_decay_for(*NO_DECAY), **piped)
+                          weight_decay_filter=no_decay_for(*NO_DECAY),
+                          placement="any", **piped)  # the command printed the check
         sched = WarmupCosine(run.engine, max_lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                              total_steps=cfg.steps, min_lr=cfg.min_lr)
         # peaks from here on: the build initialises every weight at its full shape (so that

@@ -12,8 +12,9 @@ from .groups import ParallelGroups
 from .parallelize import (Parallelized, build_engine, build_model, model_parallel_norm,
                           parallelize)
 from .pipeline import NoParameters
-from .placement import PlacementFinding, StepComm, check_placement, step_comm
+from .placement import (PlacementFinding, PlacementWarning, StepComm, check_placement,
+                        step_comm)
 
 __all__ = ["DEFAULT_ORDER", "ParallelDims", "ParallelGroups", "Parallelized", "build_engine",
            "build_model", "model_parallel_norm", "parallelize", "NoParameters",
-           "PlacementFinding", "StepComm", "check_placement", "step_comm"]
+           "PlacementFinding", "PlacementWarning", "StepComm", "check_placement", "step_comm"]

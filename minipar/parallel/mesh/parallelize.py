@@ -52,13 +52,15 @@ import numpy as np
 from ...data.batches import split_data_parallel, split_microbatches
 from ...nn.config import GPTConfig
 from ...optim.adam import AdamW
+from ...runtime.context import current
 from ..dp import (DataParallelEngine, DistributedDataParallel, FullyShardedDataParallel,
                   ModelParallelNorm, ShardingStrategy, ZeroEngine, Zero3Engine,
                   accumulate_gradients)
-from ..pp import PipelineRunner, RankStages
+from ..pp import PipelineRunner, RankStages, validate_schedule
 from ..tp import TensorParallelGPT
 from .dims import ParallelDims
 from .groups import ParallelGroups
+from .placement import apply_placement
 from .pipeline import (NoParameters, broadcast_loss, build_rank_stages, build_runner,
                        check_tied_on_one_rank, pipeline_schedule, shared_parameters)
 
@@ -113,6 +115,13 @@ class Parallelized:
         loss = self.forward_backward(ids, targets, micro_batches)
         self.step()
         return loss
+
+
+def _zero_stage(zero: Optional[int], strategy: Optional[ShardingStrategy]) -> int:
+    """The ZeRO stage an engine choice moves the bytes of (FSDP strategies by name)."""
+    if strategy is None:
+        return zero or 0
+    return {ShardingStrategy.NO_SHARD: 0, ShardingStrategy.SHARD_GRAD_OP: 2}.get(strategy, 3)
 
 
 def build_model(cfg: GPTConfig, groups: ParallelGroups,
@@ -201,7 +210,8 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
                 max_grad_norm: Optional[float] = None,
                 groups: Optional[ParallelGroups] = None, schedule: Union[str, list, None] = None,
                 microbatches: Optional[int] = None, chunks: Optional[int] = None,
-                layers: Optional[Sequence[int]] = None, **kwargs: Any) -> Parallelized:
+                layers: Optional[Sequence[int]] = None, placement: str = "warn",
+                **kwargs: Any) -> Parallelized:
     """This rank's model, engine and groups for training `cfg` on the layout `dims` (call it
     on every rank, inside `launch`, with the same arguments). zero / sharding_strategy pick
     the data-parallel engine (default: DDP); kwargs are the optimizer's hyperparameters
@@ -212,13 +222,21 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
     compute schedule itself, one list of actions per pp rank; `chunks` None is the
     schedule's own (1, or 2 in a V); `microbatches` m a step, `layers` blocks per stage
     (default: even, the remainder on the first stages). The stages sit where the schedule
-    places them (pipeline.py)."""
+    places them (pipeline.py). `placement`: "warn" (default) warns when the launched
+    topology puts a tp group across nodes or another order of the same sizes is cheaper
+    (placement.py, with the cost model's figures), "strict" refuses that layout, "any"
+    runs it without a word."""
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"parallelize builds the model itself, split over the mesh: pass the "
                         f"GPTConfig, not a {type(cfg).__name__}")
     if not isinstance(dims, ParallelDims):
         raise TypeError(f"parallelize takes a ParallelDims, got {type(dims).__name__}")
     dims.check_implemented()
+    if cfg.np_dtype == np.float16:
+        raise ValueError("parallelize composes float64, float32 and bfloat16 (float32 masters, "
+                         "no loss scaling); float16 needs a loss scaler, which the "
+                         "data-parallel engines do not implement: use dtype='bfloat16', or "
+                         "train float16 on one device with MixedPrecisionOptimizer")
     groups = groups if groups is not None else ParallelGroups(dims)
     if groups.dims != dims:
         raise ValueError(f"groups were built for {groups.dims}, not {dims}")
@@ -228,6 +246,11 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
                          f"{dims} runs no pipeline: give pp > 1, or schedule= at pp = 1")
     if actions is not None:
         check_tied_on_one_rank(cfg, actions, zero, sharding_strategy)
+    info = None if actions is None else validate_schedule(actions)
+    m, v = (1, 1) if info is None else (info.microbatches, info.stages // dims.pp)
+    apply_placement(placement, dims, current().topology, cfg, groups.rank, microbatches=m,
+                    chunks=v, sequence_parallel=sequence_parallel,
+                    zero=_zero_stage(zero, sharding_strategy))
     model = build_model(cfg, groups, sequence_parallel)
     engine_args = dict(zero=zero, sharding_strategy=sharding_strategy,
                        optimizer_cls=optimizer_cls, max_grad_norm=max_grad_norm, **kwargs)

@@ -14,6 +14,8 @@ group of that dimension (the one spanning most nodes), per rank, none of it over
     tp   4 all-reduces of [s, b, h] a block and micro-batch (g, f of the attention and the
          MLP; under SP an all-gather and a reduce-scatter in place of each), on the
          layers = ceil(L / pp) blocks a rank holds:       m · layers · 4 · t_AR(s·b·h·e)
+         (the embedding's and the vocabulary-parallel head's one each a micro-batch, on
+         the first and the last stage, are left out)
     dp   the rank's gradients, 1/(tp·pp) of the model, once a step: an all-reduce (DDP;
          ZeRO-1/2 move the same bytes as a reduce-scatter + an all-gather), plus, under
          ZeRO-3, an all-gather of the weights around each forward and backward:
@@ -42,12 +44,14 @@ Findings (a `PlacementFinding` each, `kind`):
 topology with b = 1 and warns once (rank 0) with the messages; `placement="strict"`
 refuses the layout with them; `placement="any"` runs it without a word, for a lesson
 that shows what a bad placement costs. No finding on one node: every link is NVLink.
+(docs/parallel_dims.md: an example of each message.)
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -107,6 +111,10 @@ class StepComm:
         return self.tp + self.dp + self.pp
 
 
+class PlacementWarning(UserWarning):
+    """parallelize(..., placement="warn") found a placement another layout would beat."""
+
+
 def check_placement(dims: ParallelDims, topology: Topology, cfg: GPTConfig, *,
                     micro_batch: int = 1, microbatches: int = 1, chunks: int = 1,
                     sequence_parallel: bool = False, zero: int = 0
@@ -144,6 +152,30 @@ def placement_message(findings: list[PlacementFinding], dims: ParallelDims,
     return "\n".join([head] + [f"  - {f.message}" for f in findings])
 
 
+def apply_placement(placement: str, dims: ParallelDims, topology: Topology, cfg: GPTConfig,
+                    rank: int, **sizes) -> list[PlacementFinding]:
+    """parallelize's use of the check: "warn" (rank 0 warns once with the findings),
+    "strict" (refuse them: ValueError on every rank), "any" (no check). Returns them."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement={placement!r}: expected one of {PLACEMENTS} ('warn' "
+                         f"warns when a tp group crosses nodes or another order is cheaper, "
+                         f"'strict' refuses it, 'any' runs any layout without a word)")
+    if placement == "any":
+        return []
+    findings = check_placement(dims, topology, cfg, **sizes)
+    if not findings:
+        return findings
+    text = placement_message(findings, dims, topology)
+    if placement == "strict":
+        raise ValueError(f"placement='strict' refuses this layout. {text}\nplacement='warn' "
+                         f"runs it with this warning, placement='any' without")
+    if rank == 0:
+        warnings.warn(f"{text}\n(figures for b = 1 sequence a micro-batch; "
+                      f"check_placement(...) prices your batch)", PlacementWarning,
+                      stacklevel=3)
+    return findings
+
+
 # ---- pricing ------------------------------------------------------------------------------
 def _check_args(dims, topology, cfg, micro_batch, microbatches, chunks, zero) -> None:
     if not isinstance(dims, ParallelDims):
@@ -167,11 +199,13 @@ def _check_args(dims, topology, cfg, micro_batch, microbatches, chunks, zero) ->
 
 
 def _orders(dims: ParallelDims) -> list[str]:
-    """Every order of the dimensions used (size > 1), the unused ones after them."""
+    """Every order of the dimensions used (size > 1), the unused ones after them; the
+    default first, so that a tie keeps it."""
     size = {"tp": dims.tp, "cp": dims.cp, "dp": dims.dp, "pp": dims.pp}
     used = [n for n in ("tp", "cp", "dp", "pp") if size[n] > 1]
-    return ["-".join(list(p) + [n for n in ("tp", "cp", "ep", "dp", "pp") if n not in p])
-            for p in itertools.permutations(used)]
+    return [DEFAULT_ORDER] + ["-".join(list(p) + [n for n in ("tp", "cp", "ep", "dp", "pp")
+                                                  if n not in p])
+                              for p in itertools.permutations(used)]
 
 
 class _Pricing:

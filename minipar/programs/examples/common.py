@@ -59,7 +59,7 @@ def step_3d(cfg: GPTConfig, dims: ParallelDims, topology: Topology, ids: np.ndar
 
     def program(ctx: mp.Context) -> dict[str, Any]:
         run = parallelize(cfg, dims, zero=zero, schedule=schedule, microbatches=microbatches,
-                          lr=1e-3)
+                          lr=1e-3, placement="any")  # the example prices the order
         g = run.groups
         mp.barrier()
         first, start = len(ctx.trace.events), ctx.clock.now

@@ -17,7 +17,8 @@ across nodes; MFU went back up to 48 %.
 How the run reproduces it: one bf16 training step (AdamW under DDP) of a GPT under
 TensorParallelGPT on 2 simulated nodes of 4 A100s (NVLink 3 inside a node, InfiniBand
 HDR, 200 Gb/s a GPU, between nodes), the same global batch in every layout, each built by
-`parallelize`. Ranks fill a node before the next (node = rank // 4):
+`parallelize` (with placement="any": its placement check would warn about the first two,
+which is the point here). Ranks fill a node before the next (node = rank // 4):
 
     tp=8 over 2 nodes, dp=1     ParallelDims(tp=8): the seed's layout, tp spans nodes
     tp=4 across nodes, dp=2     ParallelDims(dp_replicate=2, tp=4, order="dp-tp"): dp
@@ -149,7 +150,7 @@ def measure(layout: str, cfg: GPTConfig = MODEL, global_batch: int = GLOBAL_BATC
     targets = np.roll(ids, -1, axis=0)  # [s, B]: the next token
 
     def program(ctx):
-        run = parallelize(cfg, dims, zero=0, **OPT)  # 1/tp of every weight matrix; DDP
+        run = parallelize(cfg, dims, zero=0, placement="any", **OPT)  # 1/tp of each matrix; DDP
         tp_group, dp_group = run.groups.tp, run.groups.dp
         x, y = run.local_batch(ids, targets)  # [s, B/dp] each
         barrier()  # every rank's clock at the same time
