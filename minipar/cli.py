@@ -320,6 +320,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="text the sample continues ('The ')")
     tr.add_argument("--quiet", action="store_true",
                     help="no progress display, only the summary")
+    tr.add_argument("--checkpoint-dir", metavar="DIR", default=None,
+                    help="save a sharded checkpoint into DIR/step-NNNNNNNN every --save-every "
+                         "steps (none)")
+    tr.add_argument("--save-every", metavar="N", type=_positive_int, default=10,
+                    help="steps between checkpoints (10)")
+    tr.add_argument("--resume", metavar="DIR", default=None,
+                    help="continue from the newest complete checkpoint in DIR, at any layout "
+                         "(the same, or fewer --dp replicas); saves go on into DIR")
+    tr.add_argument("--fail-at", metavar="RANK:STEP[:POINT]", action="append", default=[],
+                    help="make RANK fail in STEP (from 1) as it begins, at a pipeline action "
+                         "POINT such as 2F1, or at 'save' midway through a checkpoint")
     tr.set_defaults(func=_train, parser=tr)
     return p
 

@@ -16,6 +16,8 @@ import re
 import sys
 
 from ..data import CharTokenizer, load_corpus
+from ..files import CheckpointError
+from ..runtime.errors import RankFailedError
 from ..parallel.mesh import check_placement
 from . import train_report
 from .train import generate, train
@@ -23,6 +25,7 @@ from .train_checks import (TrainingDiverged, TrainingRefused, divisors, in_flags
                            layout_flag_error, pipeline_flag_error, tp_in_flags)
 from .train_config import TrainConfig, gpt_config
 from .train_parallel import train_parallel
+from .train_resume import recovery_from_args, failure_report, resume_note
 
 
 def check_flags(args: argparse.Namespace, warmup: int) -> None:
@@ -98,9 +101,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:  # anything TrainConfig refuses that the checks above missed
         args.parser.error(tp_in_flags(in_flags(str(e))))
     warn_placement(cfg)
+    recovery = recovery_from_args(args, cfg)  # --checkpoint-dir, --resume, --fail-at
     progress = None if args.quiet else train_report.Progress(sys.stderr, cfg.log_every)
     try:
-        r = (train_parallel if cfg.parallel else train)(cfg, on_step=progress)
+        if recovery.active:  # through parallelize on every layout, one device included
+            sys.stderr.write(resume_note(recovery))
+            r = train_parallel(cfg, on_step=progress, recovery=recovery)
+        else:
+            r = (train_parallel if cfg.parallel else train)(cfg, on_step=progress)
     except KeyboardInterrupt:
         sys.stderr.write("\nminipar train: interrupted\n")
         return 130
@@ -108,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
         args.parser.error(str(e))
     except TrainingDiverged as e:  # the step and the likely cause; exit status 1
         sys.stderr.write(f"\nminipar train: {e}\n")
+        return 1
+    except (RankFailedError, CheckpointError) as e:  # a rank failed: its traceback, and
+        sys.stderr.write(f"\n{failure_report(e, recovery)}\n")  # where to resume from
         return 1
     print("\n".join(train_report.summary(cfg, r)))
     if args.sample:

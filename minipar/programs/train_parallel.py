@@ -2,10 +2,12 @@
 
     run = parallelize(model config, cfg.dims, zero=z, sequence_parallel=sp, schedule=...,
                       microbatches=m, chunks=v, max_grad_norm=clip, lr=..., ...)
-    for step in range(steps):                                   # on every rank
+    start = resume_at(run, scheduler, recovery)                 # --resume: its step
+    for step in range(start, steps):                            # on every rank
         loss = run.forward_backward(*stream.batch(step, global_batch))  # this dp block's
         loss = all_reduce(loss, dp) / dp                        # the global batch's mean
         run.step(); scheduler.step()                            # AdamW, warmup then cosine
+        save_if_due(run, step + 1, recovery)                    # --checkpoint-dir
 
 The same data, optimizer (AdamW, weight decay on matrices and embeddings only), learning
 rate schedule and clipping as `train` on one device (train.py), on the layout cfg.dims
@@ -47,12 +49,14 @@ from ..parallel.pp import dry_run, lower, schedule
 from ..plan import model_flops
 from ..runtime.collectives import all_reduce
 from ..runtime.context import device
+from ..runtime.faults import inject, step_begins
 from ..runtime.launch import RankFailedError, launch
 from ..runtime.ledger import CATEGORIES
 from .train import _params_summary
 from .train_checks import TrainingDiverged, check_memory, diverged, host_available_bytes
 from .train_config import NO_DECAY, StepInfo, TrainConfig, TrainResult
 from .train_report import peak_label
+from .train_resume import Recovery, resume_at, save_if_due
 from .train_timing import StepClock, split_step
 
 
@@ -70,13 +74,17 @@ def bubble_of(cfg: TrainConfig) -> tuple[float, float]:
     return float(run.bubble_over_total), float(run.bubble_over_ideal)
 
 
-def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
-                   ) -> TrainResult:
+def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None,
+                   recovery: Optional[Recovery] = None) -> TrainResult:
     """Train a GPT on the bundled corpus on the layout cfg.dims of fresh simulated devices
-    (cfg.topology()); `on_step(StepInfo)` is called after every step (by rank 0)."""
-    if not cfg.parallel:
+    (cfg.topology()); `on_step(StepInfo)` is called after every step (by rank 0).
+    recovery: where to save and resume from, and the faults to plant (train_resume.py);
+    the result then holds the steps this run trained (from the resumed step on)."""
+    if not cfg.parallel and not (recovery is not None and recovery.active):
         raise ValueError("TrainConfig with every size 1 is one device: train it with "
                          "train(cfg)")
+    if recovery is not None:
+        recovery.check(cfg.steps)  # a save to resume from, short of cfg.steps
     wall0 = time.perf_counter()
     text = load_corpus()
     tok = CharTokenizer.from_text(text)
@@ -102,10 +110,12 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
         # peaks from here on: the build initialises every weight at its full shape (so that
         # every layout starts from one device's model), then keeps this rank's part only
         ctx.ledger.reset_peak()
+        start = resume_at(run, sched, recovery)  # 0, or the newest complete save's step
         dp = run.groups.dp
         losses, lrs, norms = [], [], []
         clock = StepClock(ctx)
-        for step in range(cfg.steps):
+        for step in range(start, cfg.steps):
+            step_begins(step + 1)  # a fault planted at this step's start fires here
             clock.start()
             lr = run.engine.lr
             inputs, targets = stream.batch(step, cfg.global_batch)  # [s, B] each
@@ -123,13 +133,14 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
                 raise diverged(what="gradient norm", value=norm, **stop)
             sched.step()
             clock.stop()
+            save_if_due(run, step + 1, recovery)  # after the clock: the step's time alone
             losses.append(loss)
             lrs.append(lr)
             norms.append(norm)
             if on_step is not None and ctx.rank == 0:
                 wall = time.perf_counter() - wall0
                 on_step(StepInfo(step + 1, cfg.steps, loss, lr, norm, False, 1.0, wall,
-                                 (step + 1) * cfg.tokens_per_step / wall))
+                                 (step + 1 - start) * cfg.tokens_per_step / wall))
         peaks = {c: ctx.ledger.peak(c) for c in CATEGORIES}
         peaks["total"] = ctx.ledger.peak()
         owned = [k[len("param/"):] for k in run.engine.full_state_dict()
@@ -140,7 +151,8 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
         return losses, lrs, norms, clock, params, peaks
 
     try:
-        res = launch(program, cfg.world_size, topology=topo)
+        faults = recovery.faults if recovery is not None else ()
+        res = launch(inject(program, *faults), cfg.world_size, topology=topo)
     except RankFailedError as e:  # a diverging run stops every rank alike: say why
         if isinstance(e.original, TrainingDiverged):
             raise e.original from None
@@ -158,11 +170,11 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
     ledger_peak = {c: b for c, b in ledger_peak.items() if b}
     ledger_peak["total"] = max(r[5]["total"] for r in res)
     return TrainResult(
-        config=cfg, losses=losses, lrs=lrs, grad_norms=norms, skipped=[False] * cfg.steps,
+        config=cfg, losses=losses, lrs=lrs, grad_norms=norms, skipped=[False] * len(losses),
         sim_step_times=times,
         model_flops_per_step=model_flops(cfg.global_batch, cfg.seq_len, cfg.num_layers,
                                          cfg.hidden, mcfg.vocab_size),
-        clock_flops_per_step=sum(c.flops for c in clocks) / cfg.steps,
+        clock_flops_per_step=sum(c.flops for c in clocks) / len(losses),
         peak_flops=peak_flops[cfg.dtype], peak_label=peak_label(peak_flops, cfg.dtype),
         ledger_peak=ledger_peak, final_loss_scale=1.0, wall_time=time.perf_counter() - wall0,
         device_name=device_name, num_parameters=model.num_parameters(),

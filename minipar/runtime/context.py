@@ -43,6 +43,7 @@ class Context:
         self.world = ProcessGroup(tuple(range(world_size)), "world", world_size)
         self.pending: dict = {}  # group key -> last collective issued, timing not yet known
         self.cost_cache: dict = {}  # memoised cost-model answers (see collectives._cost)
+        self.faults = None  # this rank's planned faults (runtime/faults.py's inject), if any
 
     @property
     def node(self) -> int:

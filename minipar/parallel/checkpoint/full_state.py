@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -63,15 +63,25 @@ def load(engine, path_or_dir: PathLike) -> None:
     rank: weights, float32 masters, Adam's m and v, the step count and the dropout
     generator's state, bit for bit, whatever layout wrote it. Reads files only (no
     communication)."""
-    e, _ = unwrap(engine)
     sd, meta = read(path_or_dir)
-    if meta.get("dtype") != e.dtype.name:
+    load_state(engine, sd, meta, path_or_dir)
+
+
+def load_state(engine, sd: dict[str, np.ndarray], meta: Optional[dict] = None,
+               where: Any = "the state given") -> None:
+    """Restore a full state held in memory (read_full_state's keys and shapes) into
+    `engine` on every rank, as `load` does with a file's: this rank's blocks are cut from
+    the full tensors. meta (optional): the checkpoint's metadata, whose "dtype" and
+    "config" are checked against the model and whose "dropout_generator" is restored."""
+    e, _ = unwrap(engine)
+    meta = {} if meta is None else meta
+    if meta.get("dtype", e.dtype.name) != e.dtype.name:
         raise CheckpointError(
-            f"{path_or_dir} was trained in {meta.get('dtype')} (weights, and float32 masters "
+            f"{where} was trained in {meta.get('dtype')} (weights, and float32 masters "
             f"for 16-bit models), but this engine trains in {e.dtype.name}; build the model "
             f"in the checkpoint's dtype: GPTConfig(dtype={meta.get('dtype')!r})")
     placements = {p.name: placement(p, e.param_shapes[p.name]) for _, ps in e.units for p in ps}
-    check_config(path_or_dir, meta, getattr(e.model, "cfg", None), placements)
+    check_config(where, meta, getattr(e.model, "cfg", None), placements)
     others = _other_stages(e, placements)
     local = {}
     for key, full in sd.items():
@@ -80,7 +90,7 @@ def load(engine, path_or_dir: PathLike) -> None:
         pl = placements.get(parameter_of(key))
         if pl is not None and tuple(full.shape) != pl.full_shape:
             raise CheckpointError(
-                f"{path_or_dir}: {key} has shape {list(full.shape)} in the checkpoint, but "
+                f"{where}: {key} has shape {list(full.shape)} in the checkpoint, but "
                 f"{pl.name} has shape {pl.full_shape} in this model (this rank holds a "
                 f"{list(e.param_shapes[pl.name])} block of it); was it written for this model?")
         local[key] = full if pl is None else pl.block(full)

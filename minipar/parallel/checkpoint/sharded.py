@@ -53,6 +53,7 @@ from ... import files
 from ...files import CheckpointError
 from ...runtime.collectives import barrier, broadcast
 from ...runtime.context import current
+from ...runtime.faults import fault_point
 from ..dp.sharded_optimizer import is_half
 from .gather import gather_to_first
 from .layout import (KIND, RankLayout, assemble, describe, describe_params, describe_units,
@@ -85,6 +86,7 @@ def save_sharded(engine, dirpath: PathLike, groups=None) -> None:
         files.save_arrays(d / files.shard_file_stem(layout.file_number), arrays,
                           {"kind": KIND, "form": "sharded", "save_id": save_id,
                            "coordinate": layout.coordinate})
+    fault_point("save")  # a fault planned here: files written, the index never (faults.py)
     _barrier(layout)  # every file is written: the index may now point at them
     if layout.writes and layout.file_number == 0:
         files.write_json(d / files.INDEX_NAME, _index(layout, e, save_id, arrays, stages))

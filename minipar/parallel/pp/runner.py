@@ -71,6 +71,7 @@ import numpy as np
 from ...data.batches import split_data_parallel, split_microbatches
 from ...runtime.collectives import all_reduce, new_group
 from ...runtime.context import current
+from ...runtime.faults import fault_point
 from ...runtime.group import ProcessGroup
 from ...runtime.p2p import irecv, isend
 from ...runtime.trace import Event
@@ -252,6 +253,7 @@ class PipelineRunner:
                  pair: Optional[OverlapFB]) -> None:
         """One F, B, I or W; its input from `tensors`, its output into them."""
         inputs, grads, outgoing = tensors
+        fault_point(str(a))  # a fault planned at this action fires before it computes
         key, stage = (a.stage, a.microbatch), self.stages[a.stage]
         if a.kind is F:
             x, y = micro[a.microbatch]
