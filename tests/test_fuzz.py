@@ -104,7 +104,8 @@ def test_every_command_answers_any_flags_with_a_run_or_exit_2(command, data, cap
             argv.append(data.draw(TEXT_VALUE, flag))
     if command in PARSE_ONLY:  # stop right before the work: whatever the checks let through
         monkeypatch.setattr("minipar.cli.run_tour", lambda *a, **kw: [])
-        monkeypatch.setattr("minipar.cli.train", _refuse_to_train)
+        for where in ("train", "train_parallel"):  # one device, or any other layout
+            monkeypatch.setattr(f"minipar.programs.train_command.{where}", _refuse_to_train)
     try:
         code = main(argv)
     except SystemExit as e:
@@ -122,7 +123,7 @@ class _Stopped(Exception):
     pass
 
 
-def _refuse_to_train(cfg, on_step=None):
+def _refuse_to_train(cfg, on_step=None, **kw):
     raise _Stopped
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -162,7 +163,7 @@ def apply_placement(placement: str, dims: ParallelDims, topology: Topology, cfg:
                          f"'strict' refuses it, 'any' runs any layout without a word)")
     if placement == "any":
         return []
-    findings = check_placement(dims, topology, cfg, **sizes)
+    findings = _shared_check(dims, topology, cfg, sizes)
     if not findings:
         return findings
     text = placement_message(findings, dims, topology)
@@ -174,6 +175,28 @@ def apply_placement(placement: str, dims: ParallelDims, topology: Topology, cfg:
                       f"check_placement(...) prices your batch)", PlacementWarning,
                       stacklevel=3)
     return findings
+
+
+_SHARED: dict = {}  # (dims, cfg, sizes) -> (topology, findings): one check per launch
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_check(dims: ParallelDims, topology: Topology, cfg: GPTConfig,
+                  sizes: dict) -> list[PlacementFinding]:
+    """check_placement once for all the ranks of one launch: every rank thread calls
+    parallelize with the same arguments, and the check prices every group of the mesh, so
+    N ranks each checking would cost O(N^2) (4,096 simulated ranks: minutes). The result
+    is kept with the topology object it was computed for and reused only for that object."""
+    key = (dims, cfg, tuple(sorted(sizes.items())))
+    with _SHARED_LOCK:
+        hit = _SHARED.get(key)
+        if hit is not None and hit[0] is topology:
+            return list(hit[1])
+        findings = check_placement(dims, topology, cfg, **sizes)
+        if len(_SHARED) >= 8:
+            _SHARED.clear()
+        _SHARED[key] = (topology, findings)
+        return list(findings)
 
 
 # ---- pricing ------------------------------------------------------------------------------
