@@ -249,21 +249,6 @@ def test_a_layer_drawing_uncounted_dropout_values_is_caught():
             runner.step(*batch(cfg, 1))
 
 
-def split_backward(actions, defer):
-    """Each B as I then W at once, or I in B's place and every W at the end of the list."""
-    out = []
-    for row in actions:
-        head, tail = [], []
-        for a in row:
-            if a.kind is Kind.B:
-                head.append(Action(a.stage, Kind.I, a.microbatch))
-                (tail if defer else head).append(Action(a.stage, Kind.W, a.microbatch))
-            else:
-                head.append(a)
-        out.append(head + tail)
-    return out
-
-
 def fused_backward(actions):
     """The inverse: each I as a B, each W dropped (same order otherwise)."""
     return [[Action(a.stage, Kind.B, a.microbatch) if a.kind is Kind.I else a
@@ -278,7 +263,7 @@ SPLIT = [("1f1b", 4, 6, 1, False), ("1f1b", 4, 6, 1, True), ("gpipe", 3, 2, 1, T
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name, p, m, v, defer", SPLIT)
-def test_split_schedules_on_the_clock_the_ledger_and_the_trace(name, p, m, v, defer):
+def test_split_schedules_on_the_clock_the_ledger_and_the_trace(dpkit, name, p, m, v, defer):
     """I and W run as their own actions: the trace has each, labelled (2I0, 2W0), in the
     list's order; the clock is dry_run's with the measured F, I and W durations, to the
     nanosecond; I + W of a stage lasts its B. The ledger replays the list: F charges the
@@ -292,7 +277,7 @@ def test_split_schedules_on_the_clock_the_ledger_and_the_trace(name, p, m, v, de
     base = schedule(name, p, m, v)
     S = validate_schedule(base).stages
     cfg = CFG.with_(num_layers=S + 1, dropout=0.1)
-    actions = split_backward(base, defer)
+    actions = dpkit.split_backward(base, defer)  # conftest.py
     res = run_step(cfg, actions, topology)
     fused = run_step(cfg, fused_backward(actions), topology)  # each I W pair as one B
     d = {"F": {}, "I": {}, "W": {}}
