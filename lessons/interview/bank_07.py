@@ -67,7 +67,7 @@ def sim_run(batch: int, m: int, steps: int) -> dict:
     dims = ParallelDims(dp_shard=2, pp=2, tp=2)
 
     def program(ctx):
-        run = parallelize(SIM, dims, zero=1, microbatches=m, lr=1e-3)
+        run = parallelize(SIM, dims, zero=1, microbatches=m, lr=1e-3, placement="any")
         losses = []
         for _ in range(steps):
             first = len(ctx.trace.events)
