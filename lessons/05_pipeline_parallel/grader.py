@@ -16,6 +16,7 @@ import minipar as mp
 from minipar.course.grading import (SETTINGS, GradeFailure, exercise, expect_close,
                                     expect_equal, expect_within, mesh_of, on_mesh,
                                     world_sizes)
+from minipar.course.grading import read_schedule as read_actions
 from minipar.nn import GPT, GPTConfig
 from minipar.parallel import ParallelDims, parallelize
 from minipar.parallel.pp import (B, F, Action, ScheduleDeadlockError, ScheduleError, dry_run,
@@ -36,20 +37,9 @@ OFF_BY_ONE = ("One forward too many on every rank, off by one: Megatron runs p -
 
 def read_schedule(got, p: int, m: int) -> list[list[Action]]:
     """The learner's lists, their shape checked in the learner's terms."""
-    what = f"one_f_one_b({p}, {m})"
-    if not isinstance(got, (list, tuple)) or len(got) != p:
-        raise GradeFailure(f"{what} returned {got!r:.80}, expected a list of p = {p} lists "
-                           f"of Actions, one per rank")
-    for r, row in enumerate(got):
-        if not isinstance(row, (list, tuple)) or not all(isinstance(a, Action) for a in row):
-            raise GradeFailure(f"{what}: rank {r}'s list is {row!r:.80}, expected Actions "
-                               f"such as Action({r}, F, 0)")
-        for a in row:
-            if a.stage != r or a.kind not in (F, B):
-                raise GradeFailure(f"{what}: rank {r} runs {a}; rank r runs stage r's "
-                                   f"forwards and backwards only (F and B): Action({r}, F, i)"
-                                   f", Action({r}, B, i); the lowering adds the messages")
-    return [list(row) for row in got]
+    return read_actions(got, p, what=f"one_f_one_b({p}, {m})", kinds=(F, B), rule=(
+        "rank r runs stage r's forwards and backwards only (F and B): Action({r}, F, i), "
+        "Action({r}, B, i); the lowering adds the messages"))
 
 
 PROBE = (4, 8)  # the configuration a memory failure is diagnosed on: p = 4, m = 8

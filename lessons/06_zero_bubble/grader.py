@@ -14,6 +14,7 @@ from hypothesis import given, strategies as st
 import minipar as mp
 from minipar.course.grading import (SETTINGS, GradeFailure, exercise, expect_close,
                                     expect_within, world_sizes)
+from minipar.course.grading import read_schedule as read_actions
 from minipar.nn import GPT, MLP, GPTConfig, Module, Parameter, Saved
 from minipar.parallel import ParallelDims, parallelize
 from minipar.parallel.pp import (F, I, W, Action, ScheduleDeadlockError, ScheduleError,
@@ -189,19 +190,9 @@ DURATIONS = ({"F": 1, "I": 1, "W": 1}, {"F": 3, "I": 2, "W": 1})
 
 
 def read_schedule(got, p: int, m: int) -> list[list[Action]]:
-    what = f"zb_h1({p}, {m})"
-    if not isinstance(got, (list, tuple)) or len(got) != p:
-        raise GradeFailure(f"{what} returned {got!r:.80}, expected a list of p = {p} lists "
-                           f"of Actions, one per rank")
-    for r, row in enumerate(got):
-        if not isinstance(row, (list, tuple)) or not all(isinstance(a, Action) for a in row):
-            raise GradeFailure(f"{what}: rank {r}'s list is {row!r:.80}, expected Actions "
-                               f"such as Action({r}, F, 0)")
-        for a in row:
-            if a.stage != r or a.kind not in (F, I, W):
-                raise GradeFailure(f"{what}: rank {r} runs {a}; rank r runs stage r's F, I "
-                                   f"and W only (ZB-H1 splits every backward into I and W)")
-    return [list(row) for row in got]
+    """The learner's lists, their shape checked in the learner's terms."""
+    return read_actions(got, p, what=f"zb_h1({p}, {m})", kinds=(F, I, W), rule=(
+        "rank r runs stage r's F, I and W only (ZB-H1 splits every backward into I and W)"))
 
 
 def deferred(actions) -> list[int]:

@@ -45,14 +45,15 @@ from hypothesis import HealthCheck, Phase, settings
 from .catalog import Lesson, find_lesson
 from .expect import (GradeFailure, describe_ratio, expect_close, expect_equal,
                      expect_within)
+from .schedules import read_schedule
 from .spmd import (LAUNCH, Call, Spmd, calls, forbid_collectives, mesh_of,
                    on_mesh, on_ranks, rank_words, world_sizes)
 
 #: what a grader imports from here: the runner's marks and settings, and (re-exported)
-#: the expectations of expect.py and the SPMD harness of spmd.py
+#: the expectations of expect.py, the SPMD harness of spmd.py and schedules.py's reader
 __all__ = ["SETTINGS", "TIME_LIMIT", "exercise", "grade", "GradeReport", "Outcome",
            "load_implementation", "GradeFailure", "describe_ratio", "expect_close",
-           "expect_equal", "expect_within", "LAUNCH", "Call", "Spmd", "calls",
+           "expect_equal", "expect_within", "read_schedule", "LAUNCH", "Call", "Spmd", "calls",
            "forbid_collectives", "mesh_of", "on_mesh", "on_ranks", "rank_words", "world_sizes"]
 
 #: what every check runs under: reproducible, no deadline, small; a failure is shrunk to

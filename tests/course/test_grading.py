@@ -63,3 +63,23 @@ def test_only_grades_the_exercises_named(tiny):
         grade(tiny, "solution", out=lambda s: None, only=["9.7"])
     with pytest.raises(ValueError, match="positive number of seconds"):
         grade(tiny, "solution", out=lambda s: None, seconds_per_check=0)
+
+
+def test_read_schedule_refuses_each_malformed_answer_in_the_learners_terms():
+    from minipar.course.grading import GradeFailure, read_schedule
+    from minipar.parallel.pp import Action, B, F, W
+
+    def read(got):
+        return read_schedule(got, 2, what="gen(2, 1)", kinds=(F, B),
+                             rule="rank {r} runs stage {r}'s F and B only")
+
+    good = [[Action(0, F, 0), Action(0, B, 0)], [Action(1, F, 0), Action(1, B, 0)]]
+    assert read(tuple(tuple(row) for row in good)) == good  # lists back, copies
+    for got, says in ((None, "returned None, expected a list of p = 2 lists"),
+                      (good[:1], "expected a list of p = 2 lists"),
+                      ([good[0], "1F0"], "rank 1's list is '1F0', expected Actions"),
+                      ([good[0], [Action(0, F, 0)]], "rank 1 runs 0F0; rank 1 runs stage 1's"),
+                      ([good[0], [Action(1, W, 0)]], "rank 1 runs 1W0; rank 1 runs stage 1's")):
+        with pytest.raises(GradeFailure, match=r"gen\(2, 1\)") as info:
+            read(got)
+        assert says in str(info.value), (says, str(info.value))

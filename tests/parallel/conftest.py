@@ -27,7 +27,9 @@ import minipar as mp
 from minipar.data.batches import split_data_parallel, split_microbatches
 from minipar.nn import GPT, GPTConfig
 from minipar.optim import AdamW, MixedPrecisionOptimizer, clip_grad_norm_
-from minipar.parallel import accumulate_gradients
+from minipar.parallel import accumulate_gradients, parallelize
+from minipar.parallel.checkpoint.full_state import parameter_of
+from minipar.runtime.collectives import all_gather
 from minipar.parallel.pp import (SCHEDULES, Action, Kind, ScheduleError, schedule,
                                  validate_schedule)
 
@@ -171,6 +173,34 @@ def assert_state_close_by_kind(actual: dict, expected: dict) -> None:
                                    err_msg=k)
 
 
+def gathered(d: dict, run) -> dict:
+    """A dict keyed by parameter (name or full_state_dict key), tp shards all-gathered."""
+    params, out = run.model.named_parameters(), {}
+    for key, a in d.items():
+        p = params.get(parameter_of(key) if "/" in key else key)
+        if p is not None and getattr(p, "partition_count", 1) > 1:
+            a = all_gather(a, axis=p.partition_dim, group=run.groups.tp)
+        out[key] = a
+    return out
+
+
+def composed_run(cfg: GPTConfig, batches, dims, opt: dict, **kw) -> list:
+    """The steps through `parallelize(cfg, dims, **kw, **opt)`: per rank (losses, the first
+    step's gradients, the last gradient norm, the state after the steps, coordinate)."""
+    def program(ctx):
+        run = parallelize(cfg, dims, **kw, **opt)
+        losses, grads = [], None
+        for ids, tgt in batches:
+            losses.append(run.forward_backward(ids, tgt))
+            grads = grads if grads is not None else gathered(run.engine.full_grads(), run)
+            run.step()
+        state = gathered(run.engine.full_state_dict(), run)
+        state.pop("meta/step")
+        return losses, grads, run.engine.last_grad_norm, state, run.groups.coordinate
+
+    return mp.launch(program, dims.world_size)
+
+
 def split_backward(actions, defer: bool = False):
     """A schedule with the backward split: each B becomes I then W at once, or (defer) I
     in B's place and every W at the end of its rank's list, in the I's order. Both are
@@ -247,4 +277,5 @@ def dpkit():
         parallel_run=parallel_run, assert_close=assert_close,
         assert_state_close=assert_state_close, assert_state_equal=assert_state_equal,
         assert_state_close_by_kind=assert_state_close_by_kind, split_backward=split_backward,
-        v_shape=v_shape, draw_split_schedule=draw_split_schedule)
+        v_shape=v_shape, draw_split_schedule=draw_split_schedule,
+        composed_run=composed_run)

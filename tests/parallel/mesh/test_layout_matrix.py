@@ -24,9 +24,7 @@ from minipar.data.batches import split_microbatches
 from minipar.nn import GPT
 from minipar.optim import AdamW, MixedPrecisionOptimizer, clip_grad_norm_
 from minipar.parallel import ParallelDims, ShardingStrategy, parallelize
-from minipar.parallel.checkpoint.full_state import parameter_of
 from minipar.parallel.pp import SCHEDULES, ScheduleError, placement, schedule
-from minipar.runtime.collectives import all_gather
 
 S = ShardingStrategy
 LAYOUTS = [(dp, pp, tp) for dp, pp, tp in itertools.product(range(1, 9), repeat=3)
@@ -91,32 +89,6 @@ def reference(cfg, batches, m, clip):
     return losses, grads, state
 
 
-def gathered(d: dict, run) -> dict:
-    """Keyed by parameter name or full_state_dict key, tp shards all-gathered."""
-    params, out = run.model.named_parameters(), {}
-    for key, a in d.items():
-        p = params.get(parameter_of(key) if "/" in key else key)
-        if p is not None and getattr(p, "partition_count", 1) > 1:
-            a = all_gather(a, axis=p.partition_dim, group=run.groups.tp)
-        out[key] = a
-    return out
-
-
-def composed(cfg, batches, dims, **kw):
-    """The same steps through parallelize: per rank (losses, first grads, state, coordinate)."""
-    def program(ctx):
-        run = parallelize(cfg, dims, **kw, **OPT)
-        losses, grads = [], None
-        for ids, tgt in batches:
-            losses.append(run.forward_backward(ids, tgt))
-            grads = grads if grads is not None else gathered(run.engine.full_grads(), run)
-            run.step()
-        state = gathered(run.engine.full_state_dict(), run)
-        state.pop("meta/step")
-        return losses, grads, state, run.groups.coordinate
-    return mp.launch(program, dims.world_size)
-
-
 def compare(kit, ref, res, rtol=None, grad_atol=None, atol=None):
     """Every rank against one device; each parameter's state lives on some rank."""
     rtol = kit.RTOL if rtol is None else rtol
@@ -124,7 +96,7 @@ def compare(kit, ref, res, rtol=None, grad_atol=None, atol=None):
     atol = kit.ATOL_SCALE if atol is None else atol
     ref_losses, ref_grads, ref_state = ref
     blocks = {}
-    for losses, _, _, where in res:
+    for losses, *_, where in res:
         blocks.setdefault((where["dp_replicate"], where["dp_shard"]), losses)
     kit.assert_close(np.mean(list(blocks.values()), axis=0), ref_losses, rtol=rtol,
                      atol_scale=0.0, what="losses")
@@ -134,7 +106,7 @@ def compare(kit, ref, res, rtol=None, grad_atol=None, atol=None):
     for key, a in ref_state.items():
         largest[kind(key)] = max(largest.get(kind(key), 0.0), float(np.abs(a).max()))
     held = set()
-    for r, (_, grads, state, _) in enumerate(res):
+    for r, (_, grads, _, state, _) in enumerate(res):
         for name, g in grads.items():
             np.testing.assert_allclose(np.asarray(g, np.float64), ref_grads[name], rtol=rtol,
                                        atol=grad_atol * scale, err_msg=f"rank {r} grad {name}")
@@ -143,6 +115,7 @@ def compare(kit, ref, res, rtol=None, grad_atol=None, atol=None):
                                        atol=atol * largest[kind(key)], err_msg=f"rank {r} {key}")
             held.add(key)
     assert held == set(ref_state)
+    return len(held)
 
 
 def pipeline_args(name, pp, m):
@@ -157,8 +130,8 @@ def pipeline_args(name, pp, m):
 
 
 def run_case(kit, dp, pp, tp, engine, name, sp, recompute, tie, clip, seed, steps=3, m=None):
-    """One cell of the matrix, compared with one device; returns its m, or None if the
-    schedule refuses (pp, m). m: pp micro-batches a step by default (2pp for DualPipeV,
+    """One cell of the matrix, compared with one device; returns how many state arrays
+    were compared (all of one device's), or None if the schedule refuses (pp, m). m: pp micro-batches a step by default (2pp for DualPipeV,
     1 without a pipeline). A tied wte is untied where the engine cannot hold it in two
     units of one rank (parallelize refuses that, tested in test_pipeline.py)."""
     if m is None:
@@ -174,10 +147,9 @@ def run_case(kit, dp, pp, tp, engine, name, sp, recompute, tie, clip, seed, step
     cfg = config(kit, tp, stages + seed % 2, recompute, tie, seed)
     dims = dims_for(dp, pp, tp, engine)
     batches = kit.global_batches(cfg, steps=steps, global_batch=m * dp, seed=seed)
-    compare(kit, reference(cfg, batches, m, clip),
-            composed(cfg, batches, dims, sequence_parallel=sp, max_grad_norm=clip,
-                     **ENGINES[engine], **pipe))
-    return m
+    return compare(kit, reference(cfg, batches, m, clip),
+                   kit.composed_run(cfg, batches, dims, OPT, sequence_parallel=sp,
+                                    max_grad_norm=clip, **ENGINES[engine], **pipe))
 
 
 @pytest.mark.timeout(300)
@@ -200,6 +172,7 @@ def test_any_layout_engine_schedule_sp_and_recompute_trains_like_one_device(dpki
                     clip=data.draw(st.sampled_from([None, 0.05]), "max_grad_norm"),
                     seed=data.draw(st.integers(0, 2**16), "seed"), m=m)
     assume(done is not None)  # DualPipeV refuses m = pp
+    assert done >= 3 * 4  # compare() checked losses, gradients, >= 4 weights with m, v
 
 
 WORLD_16 = [  # (dp, pp, tp, engine, schedule, SP, recompute)
@@ -298,17 +271,18 @@ def test_bfloat16_layouts_stay_within_the_stated_bounds(dpkit, dp, pp, tp, engin
     ref16 = reference(cfg, batches, m, 0.05)
     ref64 = reference(cfg.with_(dtype="float64"), batches, m, 0.05)
     pipe = {} if name is None else dict(schedule=name, microbatches=m)
-    res = composed(cfg, batches, dims_for(dp, pp, tp, engine), sequence_parallel=sp,
-                   max_grad_norm=0.05, **ENGINES[engine], **pipe)
+    res = dpkit.composed_run(cfg, batches, dims_for(dp, pp, tp, engine), OPT,
+                             sequence_parallel=sp, max_grad_norm=0.05, **ENGINES[engine],
+                             **pipe)
     u = 2.0 ** -8
     blocks = {}
-    for losses, _, _, where in res:
+    for losses, *_, where in res:
         blocks.setdefault((where["dp_replicate"], where["dp_shard"]), losses)
     losses = np.mean(list(blocks.values()), axis=0)
     np.testing.assert_allclose(losses, ref16[0], rtol=u)
     np.testing.assert_allclose(losses, ref64[0], rtol=u)
     drift, gaps = adam_drift(OPT["lr"], 3), []
-    for r, (_, grads, state, _) in enumerate(res):
+    for r, (_, grads, _, state, _) in enumerate(res):
         for ref, share in ((ref16, 0.1), (ref64, 0.3)):
             scale = max(float(np.abs(g).max()) for g in ref[1].values())
             for k, g in grads.items():

@@ -25,9 +25,7 @@ from minipar.data.batches import split_microbatches
 from minipar.nn import GPT
 from minipar.optim import AdamW, clip_grad_norm_
 from minipar.parallel import ParallelDims, ShardingStrategy, parallelize
-from minipar.parallel.checkpoint.full_state import parameter_of
 from minipar.parallel.pp import schedule, validate_schedule
-from minipar.runtime.collectives import all_gather
 
 
 def reference(cfg, batches, m, opt, clip=None):
@@ -51,35 +49,6 @@ def reference(cfg, batches, m, opt, clip=None):
             state[f"optim/{p.name}.m"] = optim.state[p.name]["m"].copy()
             state[f"optim/{p.name}.v"] = optim.state[p.name]["v"].copy()
         return losses, grads, norms, state
-
-
-def gathered(d: dict, run) -> dict:
-    """A dict keyed by parameter (name or full_state_dict key), tp shards all-gathered."""
-    params, tp = run.model.named_parameters(), run.groups.tp
-    out = {}
-    for key, a in d.items():
-        p = params.get(parameter_of(key) if "/" in key else key)
-        if p is not None and getattr(p, "partition_count", 1) > 1:
-            a = all_gather(a, axis=p.partition_dim, group=tp)
-        out[key] = a
-    return out
-
-
-def composed(cfg, batches, dims, opt, **kw):
-    """The same steps through parallelize: per rank (losses, first grads, norm, state,
-    coordinate)."""
-    def program(ctx):
-        run = parallelize(cfg, dims, **kw, **opt)
-        losses, grads = [], None
-        for ids, tgt in batches:
-            losses.append(run.forward_backward(ids, tgt))
-            grads = grads if grads is not None else gathered(run.engine.full_grads(), run)
-            run.step()
-        state = gathered(run.engine.full_state_dict(), run)
-        state.pop("meta/step")
-        return losses, grads, run.engine.last_grad_norm, state, run.groups.coordinate
-
-    return mp.launch(program, dims.world_size)
 
 
 def check(kit, ref, res):
@@ -150,9 +119,9 @@ def test_a_pipeline_with_dp_and_tp_trains_like_one_device(dpkit, data):
     batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dp * b, seed=cfg.seed)
     dims = (ParallelDims(dp_replicate=dp, pp=p, tp=tp) if zero == 0
             else ParallelDims(dp_shard=dp, pp=p, tp=tp))
-    res = composed(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=sp,
-                   max_grad_norm=clip, schedule=name, microbatches=m, chunks=v,
-                   layers=layers)
+    res = dpkit.composed_run(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=sp,
+                             max_grad_norm=clip, schedule=name, microbatches=m, chunks=v,
+                             layers=layers)
     check(dpkit, reference(cfg, batches, m, dpkit.OPT, clip), res)
 
 
@@ -190,8 +159,8 @@ def test_split_backward_schedules_with_dp_and_tp_train_like_one_device(dpkit, da
     batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dp * b, seed=cfg.seed)
     dims = (ParallelDims(dp_replicate=dp, pp=p, tp=tp) if zero == 0
             else ParallelDims(dp_shard=dp, pp=p, tp=tp))
-    res = composed(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=sp,
-                   max_grad_norm=clip, schedule=actions, microbatches=m, layers=layers)
+    res = dpkit.composed_run(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=sp,
+                             max_grad_norm=clip, schedule=actions, microbatches=m, layers=layers)
     check(dpkit, reference(cfg, batches, m, dpkit.OPT, clip), res)
 
 
@@ -226,8 +195,9 @@ def test_fixed_split_backward_compositions(dpkit, dims, zero, sp, name, v, defer
     assert all(n > 0.05 for n in ref[2])
     actions = (dpkit.v_shape(dims.pp, m, defer) if name == "v" else
                dpkit.split_backward(schedule(name, dims.pp, m, v), defer))
-    check(dpkit, ref, composed(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=sp,
-                               max_grad_norm=0.05, schedule=actions, microbatches=m))
+    check(dpkit, ref, dpkit.composed_run(cfg, batches, dims, dpkit.OPT, zero=zero,
+                                         sequence_parallel=sp, max_grad_norm=0.05,
+                                         schedule=actions, microbatches=m))
 
 
 SWEEP = [(name, p, v) for p in (1, 2, 4) for name, v in
@@ -250,8 +220,8 @@ def test_every_schedule_and_pipeline_size_with_dp_2(dpkit, name, p, v):
     dims = (ParallelDims(dp_replicate=2, pp=p, tp=tp) if zero == 0
             else ParallelDims(dp_shard=2, pp=p, tp=tp))
     check(dpkit, reference(cfg, batches, m, dpkit.OPT, 0.05),
-          composed(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=tp > 1,
-                   max_grad_norm=0.05, schedule=name, microbatches=m, chunks=v))
+          dpkit.composed_run(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=tp > 1,
+                             max_grad_norm=0.05, schedule=name, microbatches=m, chunks=v))
 
 
 CASES = [  # (dims, engine and pipeline, layers): the compositions a draw may miss
@@ -278,8 +248,8 @@ def test_fixed_compositions_with_dropout_clipping_and_tied_embeddings(dpkit, dim
     batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dims.dp, seed=cfg.seed)
     ref = reference(cfg, batches, m, dpkit.OPT, 0.05)
     assert all(n > 0.05 for n in ref[2])
-    check(dpkit, ref, composed(cfg, batches, dims, dpkit.OPT, max_grad_norm=0.05,
-                               microbatches=m, layers=layers, **kw))
+    check(dpkit, ref, dpkit.composed_run(cfg, batches, dims, dpkit.OPT, max_grad_norm=0.05,
+                                         microbatches=m, layers=layers, **kw))
 
 
 @pytest.mark.timeout(60)
@@ -293,8 +263,8 @@ def test_the_zero_bubble_schedules_by_name_train_like_one_device(dpkit, name, ch
     batches = dpkit.global_batches(cfg, steps=2, global_batch=m, seed=cfg.seed)
     kw = {} if chunks is None else dict(chunks=chunks)
     check(dpkit, reference(cfg, batches, m, dpkit.OPT),
-          composed(cfg, batches, ParallelDims(pp=2), dpkit.OPT, schedule=name,
-                   microbatches=m, **kw))
+          dpkit.composed_run(cfg, batches, ParallelDims(pp=2), dpkit.OPT, schedule=name,
+                             microbatches=m, **kw))
 
 
 def refusal(dims, cfg, **kw) -> str:
