@@ -70,8 +70,12 @@ class Reference:
     state: dict  # full_state_dict format
 
 
-def reference_run(cfg: GPTConfig, batches, max_grad_norm=None, **opt) -> Reference:
+def reference_run(cfg: GPTConfig, batches, max_grad_norm=None, microbatches: int = 1,
+                  **opt) -> Reference:
+    """One device; with microbatches = m > 1, each step accumulates the m global
+    micro-batches [s, B/m] in order, each loss scaled by 1/m (what a pipeline computes)."""
     opt = {**OPT, **opt}
+    m = microbatches
     with mp.device():
         model = GPT(cfg)
         params = model.parameters()
@@ -83,7 +87,9 @@ def reference_run(cfg: GPTConfig, batches, max_grad_norm=None, **opt) -> Referen
             optim = AdamW(params, **opt)
         losses, grads, norms = [], [], []
         for ids, tgt in batches:
-            losses.append(model.loss_and_grad(ids, tgt))
+            losses.append(model.loss_and_grad(ids, tgt) if m == 1 else np.mean(
+                [model.loss_and_grad(x, y, loss_scale=1.0 / m)
+                 for x, y in split_microbatches(ids, tgt, m)]))
             grads.append({p.name: p.grad.copy() for p in params})
             if half:
                 optim.step()
@@ -171,6 +177,16 @@ def assert_state_close_by_kind(actual: dict, expected: dict) -> None:
     for k, a in expected.items():
         np.testing.assert_allclose(actual[k], a, rtol=RTOL, atol=ATOL_SCALE * scale[kind(k)],
                                    err_msg=k)
+
+
+def reference_tuple(cfg: GPTConfig, batches, microbatches: int, max_grad_norm=None,
+                    **opt) -> tuple:
+    """reference_run as composed_run's comparisons read it: (losses, the first step's
+    gradients in float64, norms, the state without meta/step)."""
+    ref = reference_run(cfg, batches, max_grad_norm, microbatches, **opt)
+    state = {k: a for k, a in ref.state.items() if k != "meta/step"}
+    first = {k: np.asarray(g, np.float64) for k, g in ref.grads[0].items()}
+    return ref.losses, first, ref.norms, state
 
 
 def gathered(d: dict, run) -> dict:
@@ -278,4 +294,4 @@ def dpkit():
         assert_state_close=assert_state_close, assert_state_equal=assert_state_equal,
         assert_state_close_by_kind=assert_state_close_by_kind, split_backward=split_backward,
         v_shape=v_shape, draw_split_schedule=draw_split_schedule,
-        composed_run=composed_run)
+        composed_run=composed_run, reference_tuple=reference_tuple)

@@ -20,9 +20,6 @@ import pytest
 from hypothesis import assume, event, given, settings, strategies as st
 
 import minipar as mp
-from minipar.data.batches import split_microbatches
-from minipar.nn import GPT
-from minipar.optim import AdamW, MixedPrecisionOptimizer, clip_grad_norm_
 from minipar.parallel import ParallelDims, ShardingStrategy, parallelize
 from minipar.parallel.pp import SCHEDULES, ScheduleError, placement, schedule
 
@@ -59,42 +56,12 @@ def config(kit, tp: int, layers: int, recompute: str, tie: bool, seed: int, dtyp
                            recompute_segment=2 if recompute == "segments" else 1)
 
 
-def reference(cfg, batches, m, clip):
-    """One device, the m global micro-batches of each step accumulated in order (each
-    loss scaled by 1/m): losses, first-step gradients, final state (full_state_dict keys,
-    float32 weights and the masters in bfloat16)."""
-    half = cfg.dtype != "float64"
-    with mp.device():
-        model = GPT(cfg)
-        params = model.parameters()
-        optim = (MixedPrecisionOptimizer(AdamW, params, dtype=cfg.dtype, max_grad_norm=clip,
-                                         **OPT) if half else AdamW(params, **OPT))
-        losses, grads = [], None
-        for ids, tgt in batches:
-            losses.append(np.mean([model.loss_and_grad(x, y, loss_scale=1.0 / m)
-                                   for x, y in split_microbatches(ids, tgt, m)]))
-            grads = grads or {p.name: p.grad.astype(np.float64) for p in params}
-            if clip and not half:
-                clip_grad_norm_(params, clip)
-            optim.step()
-            optim.zero_grad()
-        inner = optim.inner if half else optim
-        state = {}
-        for p in params:
-            state[f"param/{p.name}"] = p.data.astype(np.float32) if half else p.data.copy()
-            state[f"optim/{p.name}.m"] = inner.state[p.name]["m"].copy()
-            state[f"optim/{p.name}.v"] = inner.state[p.name]["v"].copy()
-            if half:
-                state[f"optim/{p.name}.master"] = optim.masters[p.name].data.copy()
-    return losses, grads, state
-
-
 def compare(kit, ref, res, rtol=None, grad_atol=None, atol=None):
     """Every rank against one device; each parameter's state lives on some rank."""
     rtol = kit.RTOL if rtol is None else rtol
     grad_atol = kit.GRAD_ATOL_SCALE if grad_atol is None else grad_atol
     atol = kit.ATOL_SCALE if atol is None else atol
-    ref_losses, ref_grads, ref_state = ref
+    ref_losses, ref_grads, _, ref_state = ref
     blocks = {}
     for losses, *_, where in res:
         blocks.setdefault((where["dp_replicate"], where["dp_shard"]), losses)
@@ -147,7 +114,7 @@ def run_case(kit, dp, pp, tp, engine, name, sp, recompute, tie, clip, seed, step
     cfg = config(kit, tp, stages + seed % 2, recompute, tie, seed)
     dims = dims_for(dp, pp, tp, engine)
     batches = kit.global_batches(cfg, steps=steps, global_batch=m * dp, seed=seed)
-    return compare(kit, reference(cfg, batches, m, clip),
+    return compare(kit, kit.reference_tuple(cfg, batches, m, clip),
                    kit.composed_run(cfg, batches, dims, OPT, sequence_parallel=sp,
                                     max_grad_norm=clip, **ENGINES[engine], **pipe))
 
@@ -268,8 +235,8 @@ def test_bfloat16_layouts_stay_within_the_stated_bounds(dpkit, dp, pp, tp, engin
     stages = 1 if name is None else 2 * pp if name in ("dualpipev", "zbv") else pp
     cfg = config(dpkit, tp, stages + 1, recompute, False, seed=3, dtype="bfloat16")
     batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dp, seed=3)
-    ref16 = reference(cfg, batches, m, 0.05)
-    ref64 = reference(cfg.with_(dtype="float64"), batches, m, 0.05)
+    ref16 = dpkit.reference_tuple(cfg, batches, m, 0.05)
+    ref64 = dpkit.reference_tuple(cfg.with_(dtype="float64"), batches, m, 0.05)
     pipe = {} if name is None else dict(schedule=name, microbatches=m)
     res = dpkit.composed_run(cfg, batches, dims_for(dp, pp, tp, engine), OPT,
                              sequence_parallel=sp, max_grad_norm=0.05, **ENGINES[engine],
@@ -290,7 +257,7 @@ def test_bfloat16_layouts_stay_within_the_stated_bounds(dpkit, dp, pp, tp, engin
                                            atol=share * scale, err_msg=f"rank {r} grad {k}")
         for k, a in state.items():
             if k.endswith(".master"):
-                gap = np.abs(a.astype(np.float64) - ref16[2][k])
+                gap = np.abs(a.astype(np.float64) - ref16[3][k])
                 assert gap.max() <= drift, (r, k, gap.max())
                 gaps.append(gap)
     assert gaps and np.mean(np.concatenate([g.ravel() for g in gaps])) <= drift / 40

@@ -21,34 +21,8 @@ import pytest
 from hypothesis import event, given, settings, strategies as st
 
 import minipar as mp
-from minipar.data.batches import split_microbatches
-from minipar.nn import GPT
-from minipar.optim import AdamW, clip_grad_norm_
 from minipar.parallel import ParallelDims, ShardingStrategy, parallelize
 from minipar.parallel.pp import schedule, validate_schedule
-
-
-def reference(cfg, batches, m, opt, clip=None):
-    """One device, the m global micro-batches accumulated in order: losses, first-step
-    gradients, norms, the state after the steps (full_state_dict's keys)."""
-    with mp.device():
-        model = GPT(cfg)
-        params = model.parameters()
-        optim = AdamW(params, **opt)
-        losses, grads, norms = [], None, []
-        for ids, tgt in batches:
-            losses.append(np.mean([model.loss_and_grad(x, y, loss_scale=1.0 / m)
-                                   for x, y in split_microbatches(ids, tgt, m)]))
-            grads = grads or {p.name: p.grad.copy() for p in params}
-            norms.append(clip_grad_norm_(params, clip) if clip else None)
-            optim.step()
-            optim.zero_grad()
-        state = {}
-        for p in params:
-            state[f"param/{p.name}"] = p.data.copy()
-            state[f"optim/{p.name}.m"] = optim.state[p.name]["m"].copy()
-            state[f"optim/{p.name}.v"] = optim.state[p.name]["v"].copy()
-        return losses, grads, norms, state
 
 
 def check(kit, ref, res):
@@ -122,7 +96,7 @@ def test_a_pipeline_with_dp_and_tp_trains_like_one_device(dpkit, data):
     res = dpkit.composed_run(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=sp,
                              max_grad_norm=clip, schedule=name, microbatches=m, chunks=v,
                              layers=layers)
-    check(dpkit, reference(cfg, batches, m, dpkit.OPT, clip), res)
+    check(dpkit, dpkit.reference_tuple(cfg, batches, m, clip), res)
 
 
 @pytest.mark.timeout(120)
@@ -161,7 +135,7 @@ def test_split_backward_schedules_with_dp_and_tp_train_like_one_device(dpkit, da
             else ParallelDims(dp_shard=dp, pp=p, tp=tp))
     res = dpkit.composed_run(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=sp,
                              max_grad_norm=clip, schedule=actions, microbatches=m, layers=layers)
-    check(dpkit, reference(cfg, batches, m, dpkit.OPT, clip), res)
+    check(dpkit, dpkit.reference_tuple(cfg, batches, m, clip), res)
 
 
 SPLIT_CASES = [  # (dims, zero, sequence parallel, schedule, chunks, W deferred)
@@ -191,7 +165,7 @@ def test_fixed_split_backward_compositions(dpkit, dims, zero, sp, name, v, defer
     m = 8 if name == "dualpipev" and dims.pp == 4 else 4  # DualPipeV needs m >= 2p
     cfg = tiny(dpkit, num_layers=9, tie_embeddings=True, dropout=0.1, seed=dims.world_size)
     batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dims.dp, seed=cfg.seed)
-    ref = reference(cfg, batches, m, dpkit.OPT, 0.05)
+    ref = dpkit.reference_tuple(cfg, batches, m, 0.05)
     assert all(n > 0.05 for n in ref[2])
     actions = (dpkit.v_shape(dims.pp, m, defer) if name == "v" else
                dpkit.split_backward(schedule(name, dims.pp, m, v), defer))
@@ -219,7 +193,7 @@ def test_every_schedule_and_pipeline_size_with_dp_2(dpkit, name, p, v):
     batches = dpkit.global_batches(cfg, steps=3, global_batch=2 * m, seed=cfg.seed)
     dims = (ParallelDims(dp_replicate=2, pp=p, tp=tp) if zero == 0
             else ParallelDims(dp_shard=2, pp=p, tp=tp))
-    check(dpkit, reference(cfg, batches, m, dpkit.OPT, 0.05),
+    check(dpkit, dpkit.reference_tuple(cfg, batches, m, 0.05),
           dpkit.composed_run(cfg, batches, dims, dpkit.OPT, zero=zero, sequence_parallel=tp > 1,
                              max_grad_norm=0.05, schedule=name, microbatches=m, chunks=v))
 
@@ -246,7 +220,7 @@ def test_fixed_compositions_with_dropout_clipping_and_tied_embeddings(dpkit, dim
     cfg = tiny(dpkit, num_layers=sum(layers) if layers else 5, tie_embeddings=True,
                dropout=0.1, seed=dims.world_size)
     batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dims.dp, seed=cfg.seed)
-    ref = reference(cfg, batches, m, dpkit.OPT, 0.05)
+    ref = dpkit.reference_tuple(cfg, batches, m, 0.05)
     assert all(n > 0.05 for n in ref[2])
     check(dpkit, ref, dpkit.composed_run(cfg, batches, dims, dpkit.OPT, max_grad_norm=0.05,
                                          microbatches=m, layers=layers, **kw))
@@ -262,7 +236,7 @@ def test_the_zero_bubble_schedules_by_name_train_like_one_device(dpkit, name, ch
     cfg = tiny(dpkit, num_layers=5, tie_embeddings=True, dropout=0.1, seed=7)
     batches = dpkit.global_batches(cfg, steps=2, global_batch=m, seed=cfg.seed)
     kw = {} if chunks is None else dict(chunks=chunks)
-    check(dpkit, reference(cfg, batches, m, dpkit.OPT),
+    check(dpkit, dpkit.reference_tuple(cfg, batches, m),
           dpkit.composed_run(cfg, batches, ParallelDims(pp=2), dpkit.OPT, schedule=name,
                              microbatches=m, **kw))
 
