@@ -99,6 +99,13 @@ def test_a_pipeline_with_dp_and_tp_trains_like_one_device(dpkit, data):
     check(dpkit, dpkit.reference_tuple(cfg, batches, m, clip), res)
 
 
+# The draws below search; they guarantee no pair. The CI profile derandomizes them with a
+# seed hashed from this function's source (comments excluded: this note leaves the draws
+# as they were), and its 10 examples drew DualPipeV never and ZB-H1 (p > 1), ZB-H2 and ZBV
+# only with tp = 1 under ZeRO-3. Issue 14's coverage is the fixed grid of
+# test_every_zero_bubble_schedule_with_dp_and_tp_trains_like_one_device below: ZB-H1,
+# ZB-H2, ZBV and DualPipeV each under DDP, ZeRO-1 and ZeRO-3 with dp = tp = 2 at pp = 2
+# (world 8), and DualPipeV on pp = 4 with dp = 2 under DDP.
 @pytest.mark.timeout(120)
 @settings(max_examples=10)
 @given(data=st.data())
@@ -146,23 +153,18 @@ SPLIT_CASES = [  # (dims, zero, sequence parallel, schedule, chunks, W deferred)
     (ParallelDims(dp_replicate=2, pp=2, tp=2), 0, False, "interleaved_1f1b", 2, False),
     (ParallelDims(dp_shard=2, pp=2, tp=2), 1, True, "v", 2, True),  # stages 0, 3 on rank 0
     (ParallelDims(dp_shard=2, pp=4), 2, False, "1f1b", 1, True),  # ZeRO-2 too
-    (ParallelDims(dp_replicate=2, pp=2, tp=2), 0, True, "zb_h1", None, False),
-    (ParallelDims(dp_shard=2, pp=2, tp=2), 3, False, "zb_h2", None, False),
-    (ParallelDims(dp_shard=2, pp=2, tp=2), 1, True, "zbv", None, False),
-    (ParallelDims(dp_shard=2, pp=2, tp=2), 1, True, "dualpipev", None, False),
-    (ParallelDims(dp_replicate=2, pp=4), 0, False, "dualpipev", None, False),
-]
+]  # the zero-bubble generators' schedules: ZERO_BUBBLE_GRID below
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("dims, zero, sp, name, v, defer", SPLIT_CASES)
 def test_fixed_split_backward_compositions(dpkit, dims, zero, sp, name, v, defer):
-    """DDP, ZeRO-1 and ZeRO-3 each with tp = 2 (SP on and off) under a split schedule: a
-    V-shaped one (the first and last stages on pipeline rank 0, which reports the loss),
-    the zero-bubble generators' (ZB-H1, ZB-H2, ZBV, DualPipeV with its pairs); 4
-    micro-batches (8 for DualPipeV on 4 ranks), tied embeddings, dropout and the clip
-    active on every step."""
-    m = 8 if name == "dualpipev" and dims.pp == 4 else 4  # DualPipeV needs m >= 2p
+    """DDP, ZeRO-1 and ZeRO-3 each with tp = 2 (SP on and off) under a schedule whose
+    backward is split here: GPipe, 1F1B or interleaved 1F1B with each B as I then W at
+    once or every W deferred, or a V-shaped one (the first and last stages on pipeline
+    rank 0, which reports the loss); ZeRO-2 on pp = 4; 4 micro-batches, tied embeddings,
+    dropout and the clip active on every step."""
+    m = 4
     cfg = tiny(dpkit, num_layers=9, tie_embeddings=True, dropout=0.1, seed=dims.world_size)
     batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dims.dp, seed=cfg.seed)
     ref = dpkit.reference_tuple(cfg, batches, m, 0.05)
@@ -172,6 +174,48 @@ def test_fixed_split_backward_compositions(dpkit, dims, zero, sp, name, v, defer
     check(dpkit, ref, dpkit.composed_run(cfg, batches, dims, dpkit.OPT, zero=zero,
                                          sequence_parallel=sp, max_grad_norm=0.05,
                                          schedule=actions, microbatches=m))
+
+
+ZERO_BUBBLE = ("zb_h1", "zb_h2", "zbv", "dualpipev")
+ENGINE = {0: "DDP", 1: "ZeRO-1", 3: "ZeRO-3"}
+SP_OFF = {("zb_h1", 1), ("zb_h2", 3), ("zbv", 0), ("dualpipev", 3)}  # each row, each column
+ZERO_BUBBLE_GRID = [  # (schedule, zero, pp, tp, sequence parallel)
+    pytest.param(name, zero, 2, 2, (name, zero) not in SP_OFF,
+                 id=f"{name}-{ENGINE[zero]}-pp2-tp2{'' if (name, zero) in SP_OFF else '-sp'}")
+    for name in ZERO_BUBBLE for zero in ENGINE
+] + [pytest.param("dualpipev", 0, 4, 1, False, id="dualpipev-DDP-pp4")]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name, zero, p, tp, sp", ZERO_BUBBLE_GRID)
+def test_every_zero_bubble_schedule_with_dp_and_tp_trains_like_one_device(
+        dpkit, name, zero, p, tp, sp):
+    """Issue 14's grid, fixed: every zero-bubble generator (ZB-H1, ZB-H2, ZBV, DualPipeV
+    with its pairs) by name through parallelize, under DDP, ZeRO-1 and ZeRO-3, dp = 2 and
+    tp = 2 (SP on in 8 of the 12, off in one of each schedule's and at least one of each
+    engine's) at pp = 2, a world of 8; and DualPipeV on pp = 4 with dp = 2 under DDP
+    (world 8, tp = 1). m = 2p micro-batches (DualPipeV's least), 9 layers (uneven over
+    the stages), dropout, the clip active on every step, tied embeddings except under
+    ZeRO-3 with a V (refused tied: stages 0 and 2p - 1 share pipeline rank 0). Every
+    rank's losses, the first step's gradients, the norm, the weights and Adam's m and v
+    after 3 AdamW steps against one device's, at the file's tolerances."""
+    m, dp = 2 * p, 2
+    info = validate_schedule(schedule(name, p, m))
+    v_shaped = name in ("zbv", "dualpipev")
+    assert info.split_backward  # some backward as I and W, not only B
+    assert info.stages == (2 * p if v_shaped else p)
+    assert (info.placement[0] == info.placement[info.stages - 1]) == v_shaped
+    tie = not (v_shaped and zero == 3)
+    cfg = tiny(dpkit, num_layers=9, tie_embeddings=tie, dropout=0.1,
+               seed=10 * ZERO_BUBBLE.index(name) + zero + p)
+    batches = dpkit.global_batches(cfg, steps=3, global_batch=m * dp, seed=cfg.seed)
+    ref = dpkit.reference_tuple(cfg, batches, m, 0.05)
+    assert all(n > 0.05 for n in ref[2])
+    dims = (ParallelDims(dp_replicate=dp, pp=p, tp=tp) if zero == 0
+            else ParallelDims(dp_shard=dp, pp=p, tp=tp))
+    check(dpkit, ref, dpkit.composed_run(cfg, batches, dims, dpkit.OPT, zero=zero,
+                                         sequence_parallel=sp, max_grad_norm=0.05,
+                                         schedule=name, microbatches=m))
 
 
 SWEEP = [(name, p, v) for p in (1, 2, 4) for name, v in
