@@ -25,10 +25,11 @@ any compute item stands for, so code that counts or checks actions reads through
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import namedtuple
 from enum import Enum
-from typing import Iterable, Union
+from typing import Callable, Iterable, Optional, Union
 
 
 class ScheduleError(ValueError):
@@ -182,6 +183,44 @@ def format_schedule(actions: Schedule) -> str:
     return "\n".join(f"rank {r}: " + " ".join(map(str, row)) for r, row in enumerate(actions))
 
 
+def content_key(actions) -> Optional[tuple]:
+    """The schedule as a hashable tuple of tuples, or None when it is not one (the checks
+    then run on it as given, and name what is wrong; a hashable item that is no action is
+    refused by the check itself, never cached)."""
+    if not isinstance(actions, (list, tuple)) or \
+            not all(isinstance(row, (list, tuple)) for row in actions):
+        return None
+    key = tuple(tuple(row) for row in actions)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def by_content(copy: Callable = lambda x: x):
+    """Memoize fn(actions, ...) on the schedule's content: a schedule is plain data, and
+    its checks are pure functions of it, so the thousands of ranks of one pipeline layout
+    (every dp replica runs the same lists) check it once. `copy` hands each caller its own
+    copy of a mutable result. Failures are not cached: a bad schedule raises every time."""
+
+    def decorate(fn):
+        cached = functools.lru_cache(maxsize=128)(fn)
+
+        @functools.wraps(fn)
+        def wrapper(actions, *args, **kwargs):
+            key = content_key(actions)
+            if key is None:
+                return fn(actions, *args, **kwargs)
+            return copy(cached(key, *args, **kwargs))
+
+        wrapper.cache_clear = cached.cache_clear
+        return wrapper
+
+    return decorate
+
+
+@by_content(copy=dict)
 def placement(actions: Schedule) -> dict[int, int]:
     """stage -> the rank whose list runs its compute actions (stages in order).
 

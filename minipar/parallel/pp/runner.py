@@ -76,11 +76,11 @@ from ...runtime.group import ProcessGroup
 from ...runtime.p2p import irecv, isend
 from ...runtime.trace import Event
 from .actions import (B, F, RECV_B, RECV_F, SEND_B, SEND_F, W, OverlapFB, Schedule,
-                      ScheduleError)
+                      ScheduleError, by_content)
 from .dry_run import check_deadlock
 from .lowering import lower, pair_overlap
 from .stage import DropoutStream, PipelineStage
-from .validate import validate_schedule
+from .validate import ScheduleInfo, validate_schedule
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,17 @@ class StepTimes:
     start: float        # the compute stream when step() began
     schedule_end: float  # the list done and every send waited (what dry_run predicts)
     end: float          # after the embedding all-reduce and grads_ready()
+
+
+@by_content()
+def _prepared(actions: Schedule) -> tuple[Schedule, ScheduleInfo, list[list]]:
+    """(the lowered lists, their ScheduleInfo, each action's Message per rank), checked
+    before anything communicates: valid, and no hang (check_deadlock). Once per schedule,
+    not once per rank: the runner only reads them."""
+    lowered = actions if any(a.is_communication for row in actions for a in row) \
+        else lower(actions)
+    info = validate_schedule(lowered)
+    return lowered, info, check_deadlock(lowered, info)
 
 
 class PipelineRunner:
@@ -114,10 +125,8 @@ class PipelineRunner:
         if len(actions) != self.group.size:
             raise ScheduleError(f"the schedule has {len(actions)} ranks' lists but the "
                                 f"pipeline group {self.group} has {self.group.size} ranks")
-        lowered = actions if any(a.is_communication for row in actions for a in row) \
-            else lower(actions)
-        self.info = validate_schedule(lowered)
-        self._messages = check_deadlock(lowered, self.info)[self.pp_rank]  # no hang, first
+        lowered, self.info, messages = _prepared(actions)
+        self._messages = messages[self.pp_rank]
         self.actions = lowered[self.pp_rank]
         self.stages = {st.index: st for st in stages}
         want = self.info.stages_of(self.pp_rank)

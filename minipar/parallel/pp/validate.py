@@ -26,7 +26,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Collection, Optional, Union
 
-from .actions import OVERLAP_F_B, B, F, I, W, Action, Schedule, ScheduleError, parts, placement
+from .actions import (OVERLAP_F_B, B, F, I, W, Action, Schedule, ScheduleError, by_content,
+                      parts, placement)
 
 
 class ScheduleDeadlockError(ScheduleError):
@@ -76,6 +77,7 @@ def dependencies(a: Action, stages: int,
     return [(Action(s, I, i), "own I")]  # W
 
 
+@by_content()  # ScheduleInfo is frozen: one shared by every caller
 def validate_schedule(actions: Schedule, microbatches: Optional[int] = None,
                       stages: Optional[int] = None) -> ScheduleInfo:
     """Check `actions` (one list per rank) against every rule; ScheduleError if one breaks."""
