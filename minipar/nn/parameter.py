@@ -8,6 +8,8 @@ so the same model comes out whatever order layers are built in, and any sharded 
 
 from __future__ import annotations
 
+import functools
+import math
 import zlib
 from typing import Optional
 
@@ -22,8 +24,28 @@ def name_rng(seed: int, name: str) -> np.random.Generator:
 
 
 def init_normal(name: str, shape: tuple, std: float, seed: int, dtype=np.float64) -> np.ndarray:
-    """N(0, std^2) at the full shape, from (seed, name)."""
+    """N(0, std^2) at the full shape, from (seed, name). A new array each call."""
+    shape = tuple(int(n) for n in shape)
+    if math.prod(shape) <= REMEMBERED:
+        return _remembered(name, shape, float(std), int(seed), np.dtype(dtype)).copy()
+    return _draw(name, shape, std, seed, dtype)
+
+
+def _draw(name: str, shape: tuple, std: float, seed: int, dtype) -> np.ndarray:
     return (name_rng(seed, name).standard_normal(shape) * std).astype(dtype)
+
+
+#: parameters up to this many elements are drawn once per process and copied after: every
+#: simulated rank initialises the full model, and for a small array making the generator
+#: costs far more than the draw (thousands of ranks, tens of parameters each)
+REMEMBERED = 1 << 14
+
+
+@functools.lru_cache(maxsize=4096)
+def _remembered(name: str, shape: tuple, std: float, seed: int, dtype: np.dtype) -> np.ndarray:
+    a = _draw(name, shape, std, seed, dtype)
+    a.flags.writeable = False  # shared by the copies init_normal hands out
+    return a
 
 
 class Parameter:

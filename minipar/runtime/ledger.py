@@ -25,6 +25,8 @@ CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "com
 
 def nbytes_of(x: Union[int, float, np.ndarray]) -> int:
     """Bytes of an array (its `nbytes`) or an explicit byte count (int, or a whole float)."""
+    if type(x) is np.ndarray:  # the common case first: no checks to make
+        return x.nbytes
     if x is None or isinstance(x, (bool, np.bool_, str, bytes)):
         raise TypeError(f"an allocation's size is an array or a number of bytes, got "
                         f"{type(x).__name__} {x!r}")

@@ -232,7 +232,7 @@ class SimWorld(RankWaits):
     def unreceived(self) -> list[str]:
         """Messages no rank ever posted a recv for (eager sends), one line each."""
         lines = []
-        for (src, dst, tag), box in sorted(self.mail.items()):
+        for (src, dst, tag), box in sorted((k, b) for k, b in self.mail.items() if b):
             for seq, msg in sorted(box.items()):
                 if seq >= self.posted.get((src, dst, tag), 0):
                     lines.append(f"rank {src} -> rank {dst}, tag {tag}: message #{seq} sent at "
