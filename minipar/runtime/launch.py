@@ -9,7 +9,8 @@ traceback. When several ranks fail of their own accord, the report is the lowest
 whichever thread failed first. No thread is left behind, except one that never comes back
 to minipar after the run failed (runtime/watchdog.py). While the ranks run, BLAS may use
 at most max(1, cores // world_size) threads each, so simulated devices share the cores
-instead of fighting over them (runtime/blas.py).
+instead of fighting over them (runtime/blas.py); CPython's full garbage collections are
+rarer and its switch interval longer (runtime/heap.py).
 
 Sends are rendezvous by default (a blocking send returns once its receiver has posted the
 recv, as on NCCL); `sends="eager"` buffers them. With `timeout=T` a watchdog ends a run
@@ -32,6 +33,7 @@ from .blas import limit_blas_threads, threads_per_rank
 from .cost import ALGORITHMS
 from .context import Context, set_current
 from .errors import DeadlockError, MiniparError, RankFailedError, WorldAborted
+from .heap import fewer_full_collections, longer_switch_interval
 from .result import LaunchResult
 from .topology import Topology
 from .watchdog import abandoned_note, watch
@@ -117,7 +119,8 @@ def launch(fn: Callable[[Context], Any], world_size: int, topology: Optional[Top
     threads = [threading.Thread(target=run, args=(r,), name=f"minipar-rank-{r}", daemon=True)
                for r in range(world_size)]
     fired, left = False, []
-    with limit_blas_threads(threads_per_rank(world_size)):  # see runtime/blas.py
+    with limit_blas_threads(threads_per_rank(world_size)), longer_switch_interval(), \
+            fewer_full_collections(world_size):  # see runtime/blas.py, runtime/heap.py
         for t in threads:
             t.start()
         if timeout is None:
