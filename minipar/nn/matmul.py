@@ -18,25 +18,17 @@ parallel layout and the single device comes from the order of additions alone).
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ..runtime.context import current
+from ..runtime.device import dtype_key
 
 LOW_PRECISION = ("bfloat16", "float16")
 
 
-@functools.lru_cache(maxsize=None)
-def dtype_name(dtype: np.dtype) -> str:
-    """`dtype.name`, remembered: NumPy builds the name in Python on every access, and a
-    step at thousands of simulated ranks asks for it hundreds of thousands of times."""
-    return dtype.name
-
-
 def is_low_precision(dtype) -> bool:
     """True for the 16-bit floating types (bfloat16 from ml_dtypes, float16)."""
-    return dtype_name(np.dtype(dtype)) in LOW_PRECISION
+    return dtype_key(dtype) in LOW_PRECISION
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -64,5 +56,5 @@ def matmul(a: np.ndarray, b: np.ndarray, label: str = "") -> np.ndarray:
         c = np.matmul(a, b)  # c: [..., m, n]
     k = a.shape[-1]
     flops = 2 * k * c.size  # = 2 m n k per matrix, times the batch
-    current().compute(flops, dtype=dtype_name(out_dtype), name="matmul", label=label)
+    current().compute(flops, dtype=dtype_key(out_dtype), name="matmul", label=label)
     return c

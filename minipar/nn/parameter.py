@@ -37,11 +37,12 @@ def _draw(name: str, shape: tuple, std: float, seed: int, dtype) -> np.ndarray:
 
 #: parameters up to this many elements are drawn once per process and copied after: every
 #: simulated rank initialises the full model, and for a small array making the generator
-#: costs far more than the draw (thousands of ranks, tens of parameters each)
-REMEMBERED = 1 << 14
+#: costs far more than the draw (thousands of ranks, tens of parameters each). At most
+#: 1,024 of them are kept: 32 MiB in float64 at the most.
+REMEMBERED = 1 << 12
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)
 def _remembered(name: str, shape: tuple, std: float, seed: int, dtype: np.dtype) -> np.ndarray:
     a = _draw(name, shape, std, seed, dtype)
     a.flags.writeable = False  # shared by the copies init_normal hands out

@@ -9,6 +9,7 @@ these parts; the plain CUDA-core rates are kept as "fp32_simt" for reference.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -24,7 +25,14 @@ def dtype_key(dtype) -> str:
     """Name used to look up a peak rate: 'float64', 'float32', 'bfloat16', 'float16', ..."""
     if isinstance(dtype, str):
         return dtype
-    return np.dtype(dtype).name
+    return _name(np.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _name(dtype: np.dtype) -> str:
+    """`dtype.name`, remembered: NumPy builds the name in Python at every access, and a
+    step at thousands of simulated ranks asks for it (a matmul: twice) a million times."""
+    return dtype.name
 
 
 @dataclass(frozen=True)

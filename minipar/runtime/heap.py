@@ -10,7 +10,7 @@ collection's work grows with the world size, so their total grows with its squar
 training step of a tiny GPT as dp x pp x tp (benchmarks/bench_scale.py) measured:
 
     2,048 ranks   default 60.9 s (26 full collections); x 10: 47.5 s (4); none: 41.4 s
-    4,096 ranks   x 10: 132 s; none: 91.6 s
+    4,096 ranks   (with the switch interval below) x 256: 78.4 s (3); none: 72.8 s
 
 So while a launch of N ranks runs, the generation-2 threshold is multiplied by
 max(10, N / 16): the allocations between two full collections grow with the heap, and a

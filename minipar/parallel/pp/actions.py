@@ -214,7 +214,6 @@ def by_content(copy: Callable = lambda x: x):
                 return fn(actions, *args, **kwargs)
             return copy(cached(key, *args, **kwargs))
 
-        wrapper.cache_clear = cached.cache_clear
         return wrapper
 
     return decorate

@@ -52,11 +52,10 @@ from __future__ import annotations
 from typing import Mapping, NamedTuple, Optional, Sequence
 
 from .actions import (B, F, I, RECV_B, RECV_F, SEND_B, SEND_F, Action, Kind, OverlapFB,
-                      Schedule, ScheduleError, by_content, parts)
+                      Schedule, ScheduleError, parts)
 from .validate import validate_schedule
 
 
-@by_content(copy=lambda rows: [list(row) for row in rows])
 def lower(actions: Schedule) -> Schedule:
     """The compute schedule with every send and receive in place (see the module docstring).
 

@@ -58,6 +58,7 @@ class RankWaits:
         self.computing = 0  # last arrivals computing a collective's results, lock released
         self.last_call: dict[int, tuple] = {}  # rank -> its latest call: (format, *args)
         self.deadlines: dict[int, tuple[float, float]] = {}  # rank -> (deadline, timeout)
+        self._cut: Optional[tuple] = None  # (error, its first line): see _headline
 
     # ---- lifecycle (call with self.lock held, except fail and finish) ---------------
     def _changed(self, ranks: Optional[Iterable[int]] = None) -> None:
@@ -104,13 +105,12 @@ class RankWaits:
         600 KB at 4,096 ranks), and each rank leaving used to copy all but that line
         (str.partition): a fresh large allocation every time, whose pages the kernel had to
         map. A mismatch on a world group of 4,096 ranks took 177 s to report, 146 s of it
-        in the kernel; 5.7 s since."""
-        cut = getattr(self, "_cut", None)
-        if cut is None or cut[0] is not self.error:
+        in the kernel; about 6 s since."""
+        if self._cut is None or self._cut[0] is not self.error:
             text = str(self.error)
             end = text.find("\n")
-            cut = self._cut = (self.error, text if end < 0 else text[:end])
-        return cut[1]
+            self._cut = (self.error, text if end < 0 else text[:end])
+        return self._cut[1]
 
     # ---- blocking with deadlock detection (call with self.lock held) ----------------
     def block_until(self, rank: int, ready: Callable[[], bool], describe: Callable[[], str]):
