@@ -7,7 +7,7 @@ layer is a `Module`: `parameters()` in the order its `parameter_order` lists.
 """
 
 from .attention import CausalSelfAttention
-from .block import Block, BlockParts, dense_parts
+from .block import Block, BlockParts, RemoteBlock, dense_parts
 from .config import GPTConfig
 from .embedding import Embedding
 from .gpt import GPT, EmbedSaved, ForwardCache, HeadSaved
@@ -21,7 +21,7 @@ from .parameter import Parameter
 from .saved import Saved
 from .weight_grads import WeightGradStore
 
-__all__ = ["CausalSelfAttention", "Block", "BlockParts", "dense_parts", "GPTConfig",
-           "Embedding", "GPT", "EmbedSaved", "ForwardCache", "HeadSaved", "ROOT",
+__all__ = ["CausalSelfAttention", "Block", "BlockParts", "RemoteBlock", "dense_parts",
+           "GPTConfig", "Embedding", "GPT", "EmbedSaved", "ForwardCache", "HeadSaved", "ROOT",
            "block_unit", "LayerNorm", "Linear", "matmul", "MLP", "Module", "Parameter",
            "Saved", "WeightGradStore"]

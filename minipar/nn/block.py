@@ -156,3 +156,30 @@ def part_backward(part, dy: np.ndarray, saved, store: Optional[WeightGradStore])
                         f"into I and W: give it a store= argument (weight_grads.py: push each "
                         f"weight gradient's record), or run the fused backward (B, not I/W)")
     return part.backward(dy, saved, store=store)
+
+
+class RemoteBlock:
+    """Block `name` as a rank that does not hold it sees it: no parameters, no work.
+
+    A GPT built with `blocks_held` (a pipeline rank, which runs only its stages' blocks,
+    as Megatron-LM builds only its layers) puts one in each other slot, so blocks keep
+    their global indices and names ("blocks.5" is block 5 on every rank). Running it is a
+    mistake in the caller, said as such."""
+
+    sp_grads = None  # nothing to complete (a tensor-parallel block's collector)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def parameters(self) -> list:
+        return []
+
+    def forward(self, x, rng):
+        raise RuntimeError(f"{self.name} is held by another pipeline rank (this model was "
+                           f"built with blocks_held excluding it): run it on the rank whose "
+                           f"stage holds it")
+
+    backward = forward
+
+    def __repr__(self) -> str:
+        return f"RemoteBlock({self.name})"

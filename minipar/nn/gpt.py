@@ -51,11 +51,11 @@ the loss, and what completes a unit's gradients), and nothing else.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Collection, Optional
 
 import numpy as np
 
-from .block import Block, dense_parts
+from .block import Block, RemoteBlock, dense_parts
 from .config import GPTConfig
 from .cross_entropy import cross_entropy_backward, cross_entropy_forward
 from .dropout import dropout_backward, dropout_forward
@@ -99,7 +99,9 @@ class GPT(Module):
     """A decoder-only transformer built from a validated `GPTConfig`.
 
     `mlp_factory(layer_index)` may supply each block's MLP (a mixture of experts, say);
-    by default every block gets the dense `MLP`.
+    by default every block gets the dense `MLP`. `blocks_held` (default: all) builds only
+    those blocks, each other slot a `RemoteBlock` without parameters: what a pipeline rank
+    holds (its weights are the same, drawn from the same seeds by name).
     """
 
     # the order flat buffers, DDP buckets and checkpoints lay parameters out in; a tied
@@ -108,16 +110,21 @@ class GPT(Module):
     root_parts = ("wte", "wpe", "ln_f", "lm_head")  # the ROOT unit: all but the blocks
     embed_unit = head_unit = ROOT  # the units the embedding and head steps fire (split_root)
 
-    def __init__(self, cfg: GPTConfig, mlp_factory: Optional[Callable[[int], object]] = None):
+    def __init__(self, cfg: GPTConfig, mlp_factory: Optional[Callable[[int], object]] = None,
+                 blocks_held: Optional[Collection[int]] = None):
         self.cfg = cfg
         self.mlp_factory = mlp_factory
+        if blocks_held is not None and not set(blocks_held) <= set(range(cfg.num_layers)):
+            raise ValueError(f"blocks_held={sorted(blocks_held)} names blocks outside the "
+                             f"model's 0..{cfg.num_layers - 1}")
         # dropout's generator when a forward is given none: seeded once, advanced by every
         # forward, so step n draws fresh masks and two models of one seed draw the same ones
         self.dropout_generator = np.random.default_rng(cfg.seed)
         self.wte = self.build_wte()
         self.wpe = Embedding("wpe", cfg.seq_len, cfg.hidden, cfg.seed, cfg.np_dtype,
                              cfg.init_std)  # replicated under tensor parallelism
-        self.blocks = [self.build_block(i) for i in range(cfg.num_layers)]
+        self.blocks = [self.build_block(i) if blocks_held is None or i in blocks_held
+                       else RemoteBlock(block_unit(i)) for i in range(cfg.num_layers)]
         self.ln_f = self.build_ln_f()
         self.lm_head = self.build_lm_head()
         self.hooks = Hooks()

@@ -10,7 +10,8 @@ whichever thread failed first. No thread is left behind, except one that never c
 to minipar after the run failed (runtime/watchdog.py). While the ranks run, BLAS may use
 at most max(1, cores // world_size) threads each, so simulated devices share the cores
 instead of fighting over them (runtime/blas.py); CPython's full garbage collections are
-rarer and its switch interval longer (runtime/heap.py).
+rarer and its switch interval longer (runtime/heap.py), and on Linux the kernel's futex
+hash has a bucket for every few ranks (runtime/futex_hash.py).
 
 Sends are rendezvous by default (a blocking send returns once its receiver has posted the
 recv, as on NCCL); `sends="eager"` buffers them. With `timeout=T` a watchdog ends a run
@@ -33,6 +34,7 @@ from .blas import limit_blas_threads, threads_per_rank
 from .cost import ALGORITHMS
 from .context import Context, set_current
 from .errors import DeadlockError, MiniparError, RankFailedError, WorldAborted
+from .futex_hash import enough_futex_slots
 from .heap import fewer_full_collections, longer_switch_interval
 from .result import LaunchResult
 from .topology import Topology
@@ -120,7 +122,8 @@ def launch(fn: Callable[[Context], Any], world_size: int, topology: Optional[Top
                for r in range(world_size)]
     fired, left = False, []
     with limit_blas_threads(threads_per_rank(world_size)), longer_switch_interval(), \
-            fewer_full_collections(world_size):  # see runtime/blas.py, runtime/heap.py
+            fewer_full_collections(world_size), enough_futex_slots(world_size):
+        # see runtime/blas.py, runtime/heap.py, runtime/futex_hash.py
         for t in threads:
             t.start()
         if timeout is None:

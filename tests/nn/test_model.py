@@ -68,6 +68,27 @@ def test_initialisation_depends_on_seed_and_name_only():
                 assert not np.array_equal(p.data, r.data)
 
 
+def test_blocks_held_builds_those_blocks_with_the_full_models_weights():
+    cfg = GPTConfig(num_layers=4)
+    with mp.device():
+        full = GPT(cfg)
+    with mp.device():
+        part = GPT(cfg, blocks_held={1, 2})
+    assert [type(b).__name__ for b in part.blocks] == ["RemoteBlock", "Block", "Block",
+                                                       "RemoteBlock"]
+    assert part.blocks[3].name == "blocks.3" and part.blocks[3].parameters() == []
+    want = {p.name: p.data for p in full.parameters()}
+    names = [p.name for p in part.parameters()]
+    assert not any(n.startswith(("blocks.0.", "blocks.3.")) for n in names)
+    assert sum(n.startswith("blocks.1.") for n in names) > 0
+    for p in part.parameters():
+        np.testing.assert_array_equal(p.data, want[p.name])
+    with pytest.raises(RuntimeError, match="blocks.0 is held by another pipeline rank"):
+        part.blocks_forward(np.zeros((cfg.seq_len, 1, cfg.hidden)), None, 0, 1)
+    with pytest.raises(ValueError, match=r"blocks_held=\[3, 4\] names blocks outside"):
+        GPT(cfg, blocks_held={3, 4})
+
+
 # ---- gradients ------------------------------------------------------------------------
 @pytest.mark.timeout(120)
 @settings(max_examples=6)

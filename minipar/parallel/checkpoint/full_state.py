@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
 from ... import files
 from ...files import CheckpointError
+from ...nn.block import RemoteBlock
 from ...nn.config import GPTConfig
 from .consolidated import read_consolidated
 from .layout import ARCHITECTURE, RETIRED, Placement, placement, unwrap
@@ -82,10 +83,10 @@ def load_state(engine, sd: dict[str, np.ndarray], meta: Optional[dict] = None,
             f"in the checkpoint's dtype: GPTConfig(dtype={meta.get('dtype')!r})")
     placements = {p.name: placement(p, e.param_shapes[p.name]) for _, ps in e.units for p in ps}
     check_config(where, meta, getattr(e.model, "cfg", None), placements)
-    others = _other_stages(e, placements)
+    other_stage = _other_stages(e, placements)
     local = {}
     for key, full in sd.items():
-        if parameter_of(key) in others:
+        if other_stage(parameter_of(key)):
             continue  # another pipeline rank's
         pl = placements.get(parameter_of(key))
         if pl is not None and tuple(full.shape) != pl.full_shape:
@@ -101,13 +102,18 @@ def load_state(engine, sd: dict[str, np.ndarray], meta: Optional[dict] = None,
         generator.bit_generator.state = state
 
 
-def _other_stages(engine, placements: dict) -> set[str]:
-    """The model's parameters this pipeline rank's engine does not hold (none off a
-    pipeline: a RankStages' model is the whole GPT, whose other stages are elsewhere)."""
+def _other_stages(engine, placements: dict) -> Callable[[Optional[str]], bool]:
+    """Whether a parameter name is one of the model's that this pipeline rank's engine does
+    not hold (never off a pipeline): a part it built but another stage runs (a RankStages'
+    model holds the embedding and the head on every rank), or a parameter of a block it
+    did not build (a RemoteBlock, "blocks.5" -> "blocks.5.*")."""
     stages = engine.model
     if getattr(stages, "stages", None) is None:
-        return set()
-    return {p.name for p in stages.model.parameters()} - set(placements)
+        return lambda name: False
+    built = {p.name for p in stages.model.parameters()} - set(placements)
+    remote = tuple(blk.name + "." for blk in stages.model.blocks
+                   if isinstance(blk, RemoteBlock))
+    return lambda name: name is not None and (name in built or name.startswith(remote))
 
 
 def parameter_of(key: str) -> Optional[str]:

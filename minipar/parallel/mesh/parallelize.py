@@ -61,8 +61,9 @@ from ..tp import TensorParallelGPT
 from .dims import ParallelDims
 from .groups import ParallelGroups
 from .placement import apply_placement
-from .pipeline import (NoParameters, broadcast_loss, build_rank_stages, build_runner,
-                       check_tied_on_one_rank, pipeline_schedule, shared_parameters)
+from .pipeline import (NoParameters, blocks_held, broadcast_loss, build_rank_stages,
+                       build_runner, check_tied_on_one_rank, pipeline_schedule,
+                       shared_parameters)
 
 Engine = Union[DataParallelEngine, FullyShardedDataParallel, NoParameters]
 
@@ -124,10 +125,11 @@ def _zero_stage(zero: Optional[int], strategy: Optional[ShardingStrategy]) -> in
     return {ShardingStrategy.NO_SHARD: 0, ShardingStrategy.SHARD_GRAD_OP: 2}.get(strategy, 3)
 
 
-def build_model(cfg: GPTConfig, groups: ParallelGroups,
-                sequence_parallel: bool = False) -> TensorParallelGPT:
-    """This rank's part of the model: 1/tp of the GPT, dropout sliced to its batch block."""
-    return TensorParallelGPT(cfg, groups.tp, sequence_parallel, groups.batch_shard)
+def build_model(cfg: GPTConfig, groups: ParallelGroups, sequence_parallel: bool = False,
+                blocks: Optional[frozenset] = None) -> TensorParallelGPT:
+    """This rank's part of the model: 1/tp of the GPT, dropout sliced to its batch block;
+    of the blocks, only `blocks` (default: all; a pipeline rank's: its stages')."""
+    return TensorParallelGPT(cfg, groups.tp, sequence_parallel, groups.batch_shard, blocks)
 
 
 def model_parallel_norm(model, groups: ParallelGroups,
@@ -251,7 +253,9 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
     apply_placement(placement, dims, current().topology, cfg, groups.rank, microbatches=m,
                     chunks=v, sequence_parallel=sequence_parallel,
                     zero=_zero_stage(zero, sharding_strategy))
-    model = build_model(cfg, groups, sequence_parallel)
+    held = None if actions is None else blocks_held(cfg.num_layers, actions,
+                                                    groups.coordinate["pp"], layers)
+    model = build_model(cfg, groups, sequence_parallel, held)
     engine_args = dict(zero=zero, sharding_strategy=sharding_strategy,
                        optimizer_cls=optimizer_cls, max_grad_norm=max_grad_norm, **kwargs)
     if actions is None:

@@ -15,6 +15,8 @@ What crosses forms, answered here (neither pp nor dp knows the other):
     which block of each            the m global micro-batches [s, B/m] are cut first, then
     micro-batch it runs            block d of dp of each (groups.batch_shard): the masks are
                                    those of one device running the m micro-batches in order
+    which blocks it builds         those of its stages only (GPT's blocks_held; the others
+                                   are RemoteBlocks), as Megatron-LM builds a stage's layers
     what the engine wraps          RankStages: the units of this rank's stages only
     when gradients are reduced     once per step: the runner runs its whole list inside
                                    engine.no_sync() and calls engine.finish_grad_sync() after
@@ -48,7 +50,7 @@ from ...runtime.collectives import all_reduce, broadcast
 from ...runtime.group import ProcessGroup
 from ..dp import LocalState, ModelParallelNorm, ShardingStrategy
 from ..pp import (PipelineRunner, RankStages, build_stages, placement, schedule,
-                  validate_schedule)
+                  split_layers, validate_schedule)
 from ..pp.actions import Schedule
 from .groups import ParallelGroups
 
@@ -99,6 +101,15 @@ def check_tied_on_one_rank(cfg, actions: Schedule, zero, strategy) -> None:
             f"in two units (EMBED and HEAD){where_from}; {what} gathers or frees a unit's "
             f"weights and gradients around its own use, and the other unit would find them "
             f"gone. Use tie_embeddings=False, {one_stage}, or zero=0 or 1")
+
+
+def blocks_held(num_layers: int, actions: Schedule, pp_rank: int,
+                layers: Optional[Sequence[int]]) -> frozenset:
+    """The blocks of the stages the schedule places on pipeline rank `pp_rank` (split as
+    build_stages splits them): all this rank builds of the model's blocks."""
+    where = placement(actions)
+    bounds = split_layers(num_layers, len(where), layers)
+    return frozenset(i for s, r in where.items() if r == pp_rank for i in range(*bounds[s]))
 
 
 def build_rank_stages(model, groups: ParallelGroups, actions: Schedule,

@@ -10,8 +10,10 @@
                    = W, which runs them (zero-bubble schedules, nn/weight_grads.py)
 
 A stage is a view of the GPT its rank built (nn/gpt.py's three steps, run with lo..hi): the
-weights come from the same seeds as the single-device model's, and the parameters of the
-stages a rank does not hold are given back to its ledger (`build_stages`). It keeps each
+weights come from the same seeds as the single-device model's. `parallelize` builds only
+the rank's own blocks (GPT's blocks_held; the others are RemoteBlocks without parameters),
+and whatever else the model holds that other stages run (the embedding, the head) is given
+back to the rank's ledger (`build_stages`). It keeps each
 in-flight micro-batch's records (the `Saved` objects the steps return, on the ledger as
 activations) from its forward until its backward — with the backward split, what only I
 needs until I and the W records until W — so several micro-batches can be in flight at

@@ -26,6 +26,8 @@ tokens are, so that dropout masks are the global batch's (see random.py);
 
 from __future__ import annotations
 
+from typing import Collection, Optional
+
 import numpy as np
 
 from ...nn.config import GPTConfig
@@ -60,13 +62,14 @@ class TensorParallelGPT(GPT):
     """GPT split over `tp_group`; `sequence_parallel` splits the residual stream along s."""
 
     def __init__(self, cfg: GPTConfig, tp_group: ProcessGroup, sequence_parallel: bool = False,
-                 batch_shard: tuple[int, int] = (0, 1)):
+                 batch_shard: tuple[int, int] = (0, 1),
+                 blocks_held: Optional[Collection[int]] = None):
         check_tensor_parallel(cfg, tp_group.size, sequence_parallel)
         self.batch_shard = check_batch_shard(batch_shard)
         self.group, self.sequence_parallel = tp_group, sequence_parallel
         self.tp_rank = tp_group.group_rank(current().rank)
         self.root_grads = SequenceParallelGrads(tp_group) if sequence_parallel else None
-        super().__init__(cfg)  # builds the parts below, in GPT's order
+        super().__init__(cfg, blocks_held=blocks_held)  # builds the parts below, in order
         # the collector each unit's backward flushes (None: its gradients are complete);
         # a pipeline splits the root (split_root) into EMBED and HEAD, which share it
         self.unit_grads = {ROOT: self.root_grads, EMBED: self.root_grads,

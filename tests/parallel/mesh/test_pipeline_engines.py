@@ -14,12 +14,15 @@
   (TensorParallelGPT.finish_backward knew only ROOT and raised KeyError).
 - A rank of empty stages holds no parameter, no gradient and no optimizer state, and
   still learns the gradient norm.
+- A pipeline rank builds only its stages' blocks (the others are RemoteBlocks), under a
+  one-stage schedule, an interleaved one and a V.
 """
 
 import numpy as np
 import pytest
 
 import minipar as mp
+from minipar.nn import RemoteBlock
 from minipar.parallel import NoParameters, ParallelDims, TensorParallelGPT, parallelize
 from minipar.parallel.pp import PipelineStage, schedule
 
@@ -175,3 +178,24 @@ def test_reducing_before_the_w_s_would_miss_their_contribution(dpkit, zero):
             assert worst > 1e-3 * scale
         else:
             assert worst <= dpkit.GRAD_ATOL_SCALE * scale + dpkit.RTOL * scale
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sched, chunks, want", [
+    ("1f1b", None, [{0, 1}, {2, 3}, {4, 5}, {6, 7}]),
+    ("interleaved_1f1b", 2, [{0, 4}, {1, 5}, {2, 6}, {3, 7}]),
+    ("zbv", None, [{0, 7}, {1, 6}, {2, 5}, {3, 4}]),
+])
+def test_a_pipeline_rank_builds_only_its_stages_blocks(dpkit, sched, chunks, want):
+    cfg = dpkit.tiny_config(num_layers=8, seq_len=4, tie_embeddings=False)
+
+    def program(ctx):
+        run = parallelize(cfg, ParallelDims(pp=4), schedule=sched, microbatches=M,
+                          chunks=chunks, lr=1e-2)
+        built = {i for i, b in enumerate(run.model.blocks) if not isinstance(b, RemoteBlock)}
+        staged = {i for st in run.stages.stages for i in range(st.lo, st.hi)}
+        return built, staged
+
+    res = mp.launch(program, 4)
+    assert [built for built, _ in res] == want
+    assert all(built == staged for built, staged in res)
