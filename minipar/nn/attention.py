@@ -26,6 +26,7 @@ Q K^T matmul: 2 b s^2 h FLOPs.
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 
@@ -57,9 +58,13 @@ def causal_mask(s: int) -> np.ndarray:
     return np.tril(np.ones((s, s), dtype=bool))
 
 
+@functools.lru_cache(maxsize=64)
 def _future(s: int) -> np.ndarray:
-    """~causal_mask(s): True where key j lies after query i (j > i), the entries masked."""
-    return np.triu(np.ones((s, s), dtype=bool), k=1)
+    """~causal_mask(s): True where key j lies after query i (j > i), the entries masked.
+    Made once per length and shared (read-only): every forward of every rank uses it."""
+    mask = np.triu(np.ones((s, s), dtype=bool), k=1)
+    mask.flags.writeable = False
+    return mask
 
 
 def _probs(q: np.ndarray, k: np.ndarray, p: float, rng: np.random.Generator):

@@ -58,6 +58,10 @@ from ...nn.parameter import Parameter
 from ...nn.weight_grads import WeightGradStore
 from .actions import ScheduleError
 
+#: what seeds the generators `DropoutStream.at` makes before it sets their state: a fixed
+#: SeedSequence (an unseeded PCG64 would read the OS's entropy each time, twice as slow)
+_ANY_SEED = np.random.SeedSequence(0)
+
 
 def split_layers(num_layers: int, num_stages: int,
                  layers: Optional[Sequence[int]] = None) -> list[tuple[int, int]]:
@@ -117,7 +121,7 @@ class DropoutStream:
 
     def at(self, position: int) -> np.random.Generator:
         """A new generator standing `position` draws past the model generator's state."""
-        g = np.random.Generator(np.random.PCG64())
+        g = np.random.Generator(np.random.PCG64(_ANY_SEED))  # its state is replaced below
         g.bit_generator.state = self.generator.bit_generator.state
         g.bit_generator.advance(position)
         return g
