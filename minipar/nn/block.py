@@ -128,27 +128,34 @@ class Block(Module):
         return x1 + m_drop, (s_ln1, s_attn, s_d1, s_ln2, s_mlp, s_d2)
 
     # ---- backward ---------------------------------------------------------------------
-    def backward(self, dy: np.ndarray, saved, store: Optional[WeightGradStore] = None
-                 ) -> np.ndarray:
+    def backward(self, dy: np.ndarray, saved, store: Optional[WeightGradStore] = None,
+                 loss_scale: float = 1.0) -> np.ndarray:
         """dx = block.backward(dy, saved); accumulates the parameters' gradients, or with a
         `store` runs I only and leaves the weights' gradients to its W (weight_grads.py;
-        "full" reruns the forward in I, and W reads the rerun's records)."""
+        "full" reruns the forward in I, and W reads the rerun's records). loss_scale: the
+        weight of this micro-batch's loss, passed to an MLP part with losses of its own (a
+        mixture of experts' balancing losses)."""
         if self.recompute == "full":
             x, rng = saved.x, saved.replay
             saved.release()
             _, saved = self._forward(x, rng, selective=False)  # the forward, once more
         s_ln1, s_attn, s_d1, s_ln2, s_mlp, s_d2 = saved
         dm_out = dropout_backward(dy, s_d2)
-        dm_in = part_backward(self.mlp, dm_out, s_mlp, store)
+        dm_in = part_backward(self.mlp, dm_out, s_mlp, store, loss_scale)
         dx1 = dy + part_backward(self.ln2, dm_in, s_ln2, store)  # straight through + branch
         da_out = dropout_backward(dx1, s_d1)
         da_in = part_backward(self.attn, da_out, s_attn, store)
         return dx1 + part_backward(self.ln1, da_in, s_ln1, store)
 
 
-def part_backward(part, dy: np.ndarray, saved, store: Optional[WeightGradStore]):
+def part_backward(part, dy: np.ndarray, saved, store: Optional[WeightGradStore],
+                  loss_scale: float = 1.0):
     """part.backward(dy, saved), passing `store` when the backward is split (a stand-in
-    part, such as a mixture of experts, must then take store= too)."""
+    part, such as a mixture of experts, must then take store= too), and `loss_scale` to a
+    part that declares `takes_loss_scale` (its own losses join the model's, weighted as
+    the model's loss is)."""
+    if getattr(part, "takes_loss_scale", False):
+        return part.backward(dy, saved, store=store, loss_scale=loss_scale)
     if store is None:
         return part.backward(dy, saved)
     if "store" not in inspect.signature(part.backward).parameters:

@@ -9,6 +9,8 @@ from typing import Optional
 import ml_dtypes
 import numpy as np
 
+from .moe.config import MoEConfig
+
 DTYPES = {
     "float64": np.dtype(np.float64),
     "float32": np.dtype(np.float32),
@@ -46,6 +48,7 @@ class GPTConfig:
     num_heads   a      num_layers l                  ffn_hidden (default 4h)
     recompute   a block's own mode (nn/block.py), or "segments": checkpoint segments of
                 recompute_segment blocks, the last shorter (nn/segments.py)
+    moe         a MoEConfig: a mixture of experts in the MLP slot of some blocks (nn/moe)
     """
 
     vocab_size: int = 64
@@ -64,6 +67,7 @@ class GPTConfig:
     recompute: str = "none"  # "none" | "selective" (attention core) | "full" (whole block)
     #                          | "segments" (checkpoint segments of recompute_segment blocks)
     recompute_segment: int = 1  # blocks per checkpoint segment, with recompute="segments"
+    moe: Optional[MoEConfig] = None  # None: every block's MLP is dense
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "hidden", "num_heads", "num_layers"):
@@ -105,6 +109,9 @@ class GPTConfig:
             if not (_is_real(v) and math.isfinite(v) and v > 0):
                 raise ValueError(f"GPTConfig.{name} must be a finite number > 0 ({what}), "
                                  f"got {v!r}")
+        if self.moe is not None and not isinstance(self.moe, MoEConfig):
+            raise ValueError(f"GPTConfig.moe must be a MoEConfig (or None for dense MLPs), got "
+                             f"{type(self.moe).__name__} {self.moe!r}")
 
     @property
     def ffn(self) -> int:
@@ -130,8 +137,21 @@ class GPTConfig:
         return replace(self, **changes)
 
     def num_parameters(self) -> int:
-        """Parameter count: embeddings, l blocks (12h^2 + 13h with a 4h MLP), final LN, head."""
+        """Parameter count: embeddings, l blocks (12h^2 + 13h with a 4h MLP), final LN, head;
+        a mixture-of-experts block counts all its experts (MoEConfig.layer_parameters)."""
+        return self._count(active=False)
+
+    def num_active_parameters(self) -> int:
+        """The parameters one token runs through: as num_parameters, with each MoE block's
+        k experts instead of all E (DeepSeek-V3: about 37B of 671B)."""
+        return self._count(active=True)
+
+    def _count(self, active: bool) -> int:
         h, V, f = self.hidden, self.vocab_size, self.ffn
-        block = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
+        attn_ln = (3 * h * h + 3 * h) + (h * h + h) + 4 * h
+        dense = (h * f + f) + (f * h + h)
+        moe = self.moe.layer_parameters(h, f)[1 if active else 0] if self.moe else 0
+        blocks = sum(attn_ln + (moe if self.moe and self.moe.is_moe_block(i) else dense)
+                     for i in range(self.num_layers))
         head = 0 if self.tie_embeddings else V * h
-        return V * h + self.seq_len * h + self.num_layers * block + 2 * h + head
+        return V * h + self.seq_len * h + blocks + 2 * h + head

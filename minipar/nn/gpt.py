@@ -64,6 +64,7 @@ from .hooks import EMBED, HEAD, ROOT, Hooks, block_unit
 from .layernorm import LayerNorm
 from .linear import Linear, linear_backward, linear_backward_split, linear_forward
 from .module import Module
+from .moe.layer import moe_layer
 from .parameter import Parameter
 from .saved import Saved
 from .segments import segments_backward, segments_forward
@@ -99,9 +100,10 @@ class GPT(Module):
     """A decoder-only transformer built from a validated `GPTConfig`.
 
     `mlp_factory(layer_index)` may supply each block's MLP (a mixture of experts, say);
-    by default every block gets the dense `MLP`. `blocks_held` (default: all) builds only
-    those blocks, each other slot a `RemoteBlock` without parameters: what a pipeline rank
-    holds (its weights are the same, drawn from the same seeds by name).
+    by default the dense `MLP`, or with cfg.moe a mixture of experts in the blocks it names
+    (nn/moe; their balancing losses join the objective in the backward, weighted by dloss).
+    `blocks_held` (default: all) builds only those blocks, the others `RemoteBlock`s
+    without parameters: a pipeline rank's (the same weights, drawn by name).
     """
 
     # the order flat buffers, DDP buckets and checkpoints lay parameters out in; a tied
@@ -112,8 +114,7 @@ class GPT(Module):
 
     def __init__(self, cfg: GPTConfig, mlp_factory: Optional[Callable[[int], object]] = None,
                  blocks_held: Optional[Collection[int]] = None):
-        self.cfg = cfg
-        self.mlp_factory = mlp_factory
+        self.cfg, self.mlp_factory = cfg, mlp_factory
         if blocks_held is not None and not set(blocks_held) <= set(range(cfg.num_layers)):
             raise ValueError(f"blocks_held={sorted(blocks_held)} names blocks outside the "
                              f"model's 0..{cfg.num_layers - 1}")
@@ -137,7 +138,9 @@ class GPT(Module):
 
     def build_block(self, i: int) -> Block:
         cfg, name = self.cfg, block_unit(i)
-        mlp = self.mlp_factory(i) if self.mlp_factory is not None else None
+        mlp = (self.mlp_factory(i) if self.mlp_factory is not None  # None: the dense MLP
+               else moe_layer(f"{name}.mlp", cfg) if cfg.moe and cfg.moe.is_moe_block(i)
+               else None)
         return Block(name, cfg, dense_parts(name, cfg, mlp=mlp), cfg.layer_recompute)
 
     def build_ln_f(self):
@@ -185,7 +188,7 @@ class GPT(Module):
     def backward(self, cache: ForwardCache, dloss: float = 1.0) -> None:
         """Accumulate d(dloss * loss)/d(parameter) into every parameter's `.grad`."""
         dx = self.head_backward(cache.head, dloss)  # dx: [s, b, h]
-        dx = self.blocks_backward(dx, cache.blocks)
+        dx = self.blocks_backward(dx, cache.blocks, loss_scale=dloss)
         self.embed_backward(dx, cache.embed)
 
     def backward_input(self, cache: ForwardCache, dloss: float = 1.0) -> WeightGradStore:
@@ -193,7 +196,7 @@ class GPT(Module):
         gradients wait in the returned store until backward_weight(store)."""
         store = WeightGradStore()
         dx = self.head_backward(cache.head, dloss, store)  # dx: [s, b, h]
-        dx = self.blocks_backward(dx, cache.blocks, store=store)
+        dx = self.blocks_backward(dx, cache.blocks, store=store, loss_scale=dloss)
         self.embed_backward(dx, cache.embed, store)
         return store
 
@@ -279,13 +282,15 @@ class GPT(Module):
         return x, saved
 
     def blocks_backward(self, dx: np.ndarray, saved: list, lo: int = 0,
-                        hi: Optional[int] = None, store: Optional[WeightGradStore] = None
-                        ) -> np.ndarray:
+                        hi: Optional[int] = None, store: Optional[WeightGradStore] = None,
+                        loss_scale: float = 1.0) -> np.ndarray:
         """dx_lo from dx_hi through blocks hi-1, ..., lo (the range blocks_forward ran);
-        with a `store`, I only (each block's weight gradients wait for its W)."""
+        with a `store`, I only (each block's weight gradients wait for its W). loss_scale:
+        the weight of the micro-batch's loss, which a mixture of experts gives its
+        balancing losses too."""
         lo, hi = self._block_range(lo, hi)
         if self.cfg.recompute == "segments":
-            return segments_backward(self, dx, saved, lo, hi, store)
+            return segments_backward(self, dx, saved, lo, hi, store, loss_scale)
         if len(saved) != hi - lo:
             raise ValueError(f"blocks_backward over blocks {lo}..{hi - 1} needs the {hi - lo} "
                              f"records blocks_forward(x, rng, {lo}, {hi}) returned; got "
@@ -294,7 +299,7 @@ class GPT(Module):
             self.hooks.fire("backward_pre", block_unit(i))
             if store is not None:
                 store.open(block_unit(i))
-            dx = self.blocks[i].backward(dx, saved[i - lo], store)  # dx: [s, b, h]
+            dx = self.blocks[i].backward(dx, saved[i - lo], store, loss_scale)  # dx: [s, b, h]
             self.unit_input_done(block_unit(i), store)
         return dx
 

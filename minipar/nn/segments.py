@@ -72,7 +72,7 @@ def segments_forward(model, x: np.ndarray, rng, lo: int, hi: int
 
 
 def segments_backward(model, dx: np.ndarray, saved: list, lo: int, hi: int,
-                      store=None) -> np.ndarray:
+                      store=None, loss_scale: float = 1.0) -> np.ndarray:
     """dx_lo from dx_hi: segment by segment, the last first, rerun its blocks' forwards
     from the kept input, then backpropagate through them (accumulating the gradients; with
     a WeightGradStore, I only: W reads the rerun's records later)."""
@@ -93,7 +93,7 @@ def segments_backward(model, dx: np.ndarray, saved: list, lo: int, hi: int,
                 model.hooks.fire("backward_pre", block_unit(i))
             if store is not None:
                 store.open(block_unit(i))
-            dx = model.blocks[i].backward(dx, inner[i - a], store)  # dx: [s, b, h] ([s/t, b, h])
+            dx = model.blocks[i].backward(dx, inner[i - a], store, loss_scale)  # dx: [s, b, h]
             model.unit_input_done(block_unit(i), store)
     return dx
 

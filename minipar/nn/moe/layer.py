@@ -33,7 +33,7 @@ from ..mlp import MLP
 from ..module import Module
 from ..saved import Saved
 from ..weight_grads import WeightGradStore
-from .balancing import sequence_aux_loss, switch_aux_loss, z_loss
+from .balancing import sequence_aux_loss, switch_aux_loss, update_expert_bias, z_loss
 from .dispatch import (DROP_POLICIES, capacity, permute, permute_backward, plan_routing,
                        unpermute, unpermute_backward)
 from .experts import Experts
@@ -44,6 +44,7 @@ class MoE(Module):
     """x [s, b, h] -> Σ_j w_j · expert_j(x) (+ shared experts), k of E experts a token."""
 
     parameter_order = ("router", "experts", "shared")
+    takes_loss_scale = True  # Block passes the micro-batch loss's weight to backward
 
     def __init__(self, name: str, hidden: int, ffn_hidden: int, num_experts: int,
                  top_k: int = 2, *, score_function: str = "softmax", normalize: bool = True,
@@ -160,3 +161,43 @@ class MoE(Module):
                else f"capacity factor {self.capacity_factor:g} ({self.drop_policy})")
         shared = ", shared experts" if self.shared is not None else ""
         return f"MoE({self.name}, top {self.top_k} of {self.num_experts}, {cap}{shared})"
+
+
+def moe_layer(name: str, cfg) -> MoE:
+    """The MoE layer of a block named `name` of the GPT of `cfg` (cfg.moe set): the model's
+    hidden size, dtype, seed and init (fc2 and the shared experts' fc2 at GPT-2's residual
+    std, as the dense MLP's), and the MoEConfig's routing and balancing."""
+    m = cfg.moe
+    out_std = cfg.init_std / np.sqrt(2 * cfg.num_layers)  # block.residual_out_std
+    return MoE(name, cfg.hidden, m.expert_ffn(cfg.ffn), m.num_experts, m.top_k,
+               score_function=m.score_function, normalize=m.normalize,
+               scaling_factor=m.scaling_factor, num_groups=m.num_groups,
+               topk_groups=m.topk_groups, capacity_factor=m.capacity_factor,
+               drop_policy=m.drop_policy, pad_to_capacity=m.pad_to_capacity,
+               aux_loss_coeff=m.aux_loss_coeff, seq_aux_loss_coeff=m.seq_aux_loss_coeff,
+               z_loss_coeff=m.z_loss_coeff, shared_ffn_hidden=m.shared_ffn_hidden,
+               gelu=cfg.gelu, seed=cfg.seed, dtype=cfg.np_dtype, std=cfg.init_std,
+               out_std=out_std)
+
+
+def moe_layers(model) -> list[MoE]:
+    """The MoE layers of a GPT's blocks (built here: a pipeline rank's own), in order."""
+    return [blk.mlp for blk in model.blocks if isinstance(getattr(blk, "mlp", None), MoE)]
+
+
+def aux_loss_of(model) -> float:
+    """Σ over the model's MoE layers of their last forward's balancing losses: what the
+    objective adds to the cross-entropy (each loss already times its coefficient)."""
+    return float(sum(layer.total_aux_loss() for layer in moe_layers(model)))
+
+
+def update_routers(model, rate: float) -> None:
+    """Once per optimizer step: DeepSeek-V3's aux-loss-free balancing. Each router's bias
+    moves by rate · sign(mean load − load) over the choices counted since the last step
+    (balancing.update_expert_bias), and its counts start again. Data-parallel replicas
+    must sum their counts first, so that their biases stay equal (parallel/mesh)."""
+    for layer in moe_layers(model):
+        r = layer.router
+        if rate:
+            r.expert_bias = update_expert_bias(r.expert_bias, r.tokens_per_expert, rate)
+        r.reset_counts()

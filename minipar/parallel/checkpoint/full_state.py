@@ -27,6 +27,7 @@ from ... import files
 from ...files import CheckpointError
 from ...nn.block import RemoteBlock
 from ...nn.config import GPTConfig
+from ...nn.moe.config import MoEConfig
 from .consolidated import read_consolidated
 from .layout import ARCHITECTURE, RETIRED, Placement, placement, unwrap
 from .sharded import read_sharded
@@ -131,7 +132,10 @@ def check_config(where: PathLike, meta: dict, cfg, placements: dict[str, Placeme
     if saved is None or not isinstance(cfg, GPTConfig):
         return  # a checkpoint or a model without a GPTConfig: shapes are all there is
     try:
-        theirs = GPTConfig(**{k: v for k, v in saved.items() if k not in RETIRED})
+        fields = {k: v for k, v in saved.items() if k not in RETIRED}
+        if isinstance(fields.get("moe"), dict):  # saved as a JSON object
+            fields["moe"] = MoEConfig(**fields["moe"])
+        theirs = GPTConfig(**fields)
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise CheckpointError(f"{where}: the saved model config {saved} is not a valid "
                               f"GPTConfig ({e}); the checkpoint is damaged") from None

@@ -44,7 +44,7 @@ COORDINATE = ("pp", "tp", "dp_shard")
 #: and dtype is checked on its own (the state's precision). The seed also draws the dropout
 #: masks: with dropout on, a run resumes exactly only under the seed it was saved with
 ARCHITECTURE = ("vocab_size", "seq_len", "hidden", "num_heads", "num_layers", "ffn_hidden",
-                "tie_embeddings", "gelu", "layernorm_eps")
+                "tie_embeddings", "gelu", "layernorm_eps", "moe")
 #: the GPTConfig fields a load lets differ from the saved ones (every other field is in
 #: ARCHITECTURE or is dtype; a test keeps the three lists covering GPTConfig)
 MAY_CHANGE = ("seed", "init_std", "dropout", "recompute", "recompute_segment")

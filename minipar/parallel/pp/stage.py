@@ -230,7 +230,7 @@ class PipelineStage:
         m = self.model
         if self.is_last:
             dy = m.head_backward(s_head, loss_scale, store)  # dy: [s, b, h]
-        dx = m.blocks_backward(dy, s_blocks, self.lo, self.hi, store)  # dx: [s, b, h]
+        dx = m.blocks_backward(dy, s_blocks, self.lo, self.hi, store, loss_scale)  # dx: [s, b, h]
         if self.is_first:
             m.embed_backward(dx, s_embed, store)
             return None

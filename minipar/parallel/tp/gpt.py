@@ -64,6 +64,12 @@ class TensorParallelGPT(GPT):
     def __init__(self, cfg: GPTConfig, tp_group: ProcessGroup, sequence_parallel: bool = False,
                  batch_shard: tuple[int, int] = (0, 1),
                  blocks_held: Optional[Collection[int]] = None):
+        if cfg.moe is not None:
+            raise ValueError(
+                "GPTConfig.moe: the mixture-of-experts blocks run on one device (GPT(cfg), "
+                "nn/moe) and, expert by expert, over an expert-parallel group "
+                "(parallel/ep); parallelize and TensorParallelGPT do not compose them with "
+                "tp, pp and dp yet. Train the MoE model on one device, or drop moe=")
         check_tensor_parallel(cfg, tp_group.size, sequence_parallel)
         self.batch_shard = check_batch_shard(batch_shard)
         self.group, self.sequence_parallel = tp_group, sequence_parallel
