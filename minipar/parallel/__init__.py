@@ -4,6 +4,8 @@
     tp/          Megatron tensor and sequence parallelism          (docs/tensor_parallel.md)
     pp/          pipeline schedules as data, lowering, validator, dry run, stages, runner
                                                                   (docs/pipeline_parallel.md)
+    ep/          expert parallelism: the all-to-all token dispatcher, the MoE layer
+                 with its experts over ep ranks                   (docs/moe.md)
     mesh/        the composition home: ParallelDims, ParallelGroups, parallelize
     checkpoint/  checkpoints that know their layout, loaded into any other
 
@@ -19,7 +21,10 @@ from .tp import *  # noqa: F401,F403
 from .tp import __all__ as _tp_all
 from .pp import *  # noqa: F401,F403
 from .pp import __all__ as _pp_all
+from .ep import *  # noqa: F401,F403
+from .ep import __all__ as _ep_all
 from .mesh import *  # noqa: F401,F403
 from .mesh import __all__ as _mesh_all
 
-__all__ = list(_dp_all) + list(_tp_all) + list(_pp_all) + list(_mesh_all)
+__all__ = (list(_dp_all) + list(_tp_all) + list(_pp_all) + list(_ep_all)
+           + list(_mesh_all))

@@ -76,12 +76,17 @@ class MoE(Module):
         self.router = TopKRouter(f"{name}.router", hidden, num_experts, top_k,
                                  score_function, normalize, scaling_factor, num_groups,
                                  topk_groups, seed, dtype, std)
-        self.experts = Experts(f"{name}.experts", hidden, ffn_hidden, num_experts, gelu,
-                               seed, dtype, std, out_std)
+        self.experts = self.build_experts(f"{name}.experts", hidden, ffn_hidden, num_experts,
+                                          gelu, seed, dtype, std, out_std)
         self.shared = (MLP(f"{name}.shared", hidden, shared_ffn_hidden, gelu, seed, dtype,
                            std, out_std) if shared_ffn_hidden else None)
         self.aux_losses: dict[str, float] = {}  # the last forward's balancing losses
         self.last_plan = None  # the last forward's RoutingPlan (counts, drops), to inspect
+
+    def build_experts(self, name: str, hidden: int, ffn_hidden: int, num_experts: int,
+                      gelu: str, seed: int, dtype, std: float, out_std: float) -> Experts:
+        """All E experts here; an expert-parallel layer overrides it (parallel/ep)."""
+        return Experts(name, hidden, ffn_hidden, num_experts, gelu, seed, dtype, std, out_std)
 
     def capacity_of(self, num_tokens: int) -> Optional[int]:
         """The pairs one expert keeps of `num_tokens` tokens (None: dropless)."""
