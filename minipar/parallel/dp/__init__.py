@@ -6,6 +6,8 @@ averaged before the step. Read in this order:
     engine.py             what every engine shares: no_sync, step with global-norm clipping,
                           full_state_dict / load_full_state_dict, local_state (LocalState:
                           what this rank holds, for checkpoints)
+    experts.py            ExpertDataParallel: a mixture of experts' experts, reduced over
+                          their replicas and scaled by 1/ep (DDP)
     ddp.py                DistributedDataParallel: bucketed, overlapped all-reduce (stage 0)
     zero.py               ZeRO-1 and ZeRO-2
     zero3.py              ZeRO-3: parameters gathered around each use, prefetch, limits
@@ -19,13 +21,15 @@ is also summed over, which parameters are duplicates there) is passed in by para
 
 from .ddp import DistributedDataParallel
 from .engine import DataParallelEngine, LocalState, ModelParallelNorm, accumulate_gradients
+from .experts import ExpertDataParallel
 from .flat import FlatParameter, FlatShard, Segment
 from .fsdp import FullyShardedDataParallel, ShardingStrategy, hybrid_mesh, zero_engine
 from .sharded_optimizer import OwnedPiece, ShardedOptimizer
 from .zero import ZeroEngine
 from .zero3 import Zero3Engine
 
-__all__ = ["DistributedDataParallel", "DataParallelEngine", "ModelParallelNorm", "accumulate_gradients",
+__all__ = ["DistributedDataParallel", "DataParallelEngine", "ModelParallelNorm",
+           "ExpertDataParallel", "accumulate_gradients",
            "LocalState", "FlatParameter", "FlatShard", "Segment", "FullyShardedDataParallel",
            "ShardingStrategy",
            "hybrid_mesh", "OwnedPiece", "ShardedOptimizer", "ZeroEngine", "zero_engine",

@@ -25,6 +25,9 @@ Parallel Training", sections 3.2 and 4.2.) What it does, in order:
    pipeline rank, whose units have no root to end its backward, reduces once per step
    after its last micro-batch (no overlap with the backward: Megatron-LM overlaps the last
    micro-batch's reduction with its backward; here every bucket starts at the end).
+6. Expert parameters (`experts=ExpertDataParallel(...)`, a mixture of experts over an
+   expert-parallel group) are broadcast and all-reduced over their own replicas, in
+   buckets of their own, and scaled by 1/ep after the average (engine.py says why).
 
 Memory (bf16 weights, float32 master and Adam moments): 2Psi weights + 2Psi buckets +
 12Psi optimizer states = 16Psi bytes per rank, with no padding (an all-reduce needs none).
@@ -42,7 +45,8 @@ from ...optim.adam import AdamW
 from ...runtime.collectives import Work, all_reduce, broadcast
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
-from .engine import ROOT, DataParallelEngine, LocalState, ModelParallelNorm, _check_optimizer
+from .engine import (ROOT, DataParallelEngine, ExpertDataParallel, LocalState,
+                     ModelParallelNorm, _check_optimizer)
 from .flat import FlatParameter, FlatShard
 from .sharded_optimizer import OwnedPiece, ShardedOptimizer
 
@@ -57,7 +61,10 @@ class Bucket:
     flat: FlatParameter  # the layout (world=1: no padding)
     buffer: np.ndarray  # [flat.numel], the parameters' dtype
     units: frozenset  # units whose backward must end before the bucket is final
+    group: ProcessGroup  # averaged over: the dp group, or an expert's replicas
+    scale: float = 1.0  # applied after the average (1/ep for expert gradients)
     work: Optional[Work] = None  # the all-reduce in flight
+    launched: bool = False  # reduced (or, on a group of one, due) and not yet waited on
     launched_after: Optional[str] = None  # the unit whose backward_post launched it (last pass)
 
 
@@ -71,6 +78,8 @@ class DistributedDataParallel(DataParallelEngine):
     max_grad_norm:  clip by the global gradient norm before the step (None: no clipping)
     model_parallel: with a model split across ranks, how its gradient norm is completed
                     (engine.py; parallel.mesh.parallelize passes it)
+    experts:        how a mixture of experts' expert parameters are reduced (engine.py's
+                    ExpertDataParallel; parallelize passes it), None: like the others
     """
 
     stage = 0
@@ -78,10 +87,11 @@ class DistributedDataParallel(DataParallelEngine):
     def __init__(self, model, optimizer_cls: type = AdamW, *,
                  process_group: Optional[ProcessGroup] = None, bucket_cap_mb: float = 25.0,
                  max_grad_norm: Optional[float] = None,
-                 model_parallel: Optional[ModelParallelNorm] = None, **optimizer_kwargs):
+                 model_parallel: Optional[ModelParallelNorm] = None,
+                 experts: Optional[ExpertDataParallel] = None, **optimizer_kwargs):
         _check_optimizer(optimizer_cls, optimizer_kwargs)
         super().__init__(model, process_group or current().world, None, max_grad_norm,
-                         model_parallel)
+                         model_parallel, experts)
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
         self.bucket_cap_bytes = bucket_cap_mb * MIB
@@ -110,20 +120,31 @@ class DistributedDataParallel(DataParallelEngine):
                 p.release()
                 self._ledger.hold(f"param:{p.name}", p.data, "parameters")
 
+    def _reduced_over(self, p) -> tuple[ProcessGroup, float]:
+        """(the group p's gradient is averaged and its weights broadcast over, the factor
+        after the average): the data-parallel group, or an expert's replicas and 1/ep."""
+        e = self.experts
+        if e is not None and e.is_expert(p.name):
+            return e.group, e.scale
+        return self.group, 1.0
+
     def _broadcast_parameters(self) -> None:
-        """Every rank gets the weights of the group's first rank, one unit at a time."""
-        if self.group.size == 1:
-            return
-        src = self.group.ranks[0]
+        """Every rank gets the weights of its group's first rank, one unit at a time (an
+        expert's from the first of its replicas: the others hold other experts)."""
         for unit, ps in self.units:
-            flat = FlatParameter(unit, ps, 1)
-            got = broadcast(flat.flatten(), src=src, group=self.group)  # got: [numel]
-            for p, v in zip(ps, flat.views(got)):
-                p.data[...] = v  # in place: the optimizer's pieces view these arrays
+            for group in dict.fromkeys(self._reduced_over(p)[0] for p in ps):
+                mine = [p for p in ps if self._reduced_over(p)[0] == group]
+                if group.size == 1:
+                    continue
+                flat = FlatParameter(unit, mine, 1)
+                got = broadcast(flat.flatten(), src=group.ranks[0], group=group)  # [numel]
+                for p, v in zip(mine, flat.views(got)):
+                    p.data[...] = v  # in place: the optimizer's pieces view these arrays
 
     def _make_buckets(self) -> list[Bucket]:
         """Parameters in reverse unit order (reverse within a unit too), cut into buckets
-        of at least bucket_cap_bytes (the last one may be smaller)."""
+        of at least bucket_cap_bytes (the last one may be smaller); a bucket also ends
+        where the next parameter is reduced over another group (experts)."""
         order = [(unit, p) for unit, ps in reversed(self.units) for p in reversed(ps)]
         buckets: list[Bucket] = []
         current_ps, current_units, nbytes = [], set(), 0
@@ -131,13 +152,15 @@ class DistributedDataParallel(DataParallelEngine):
             current_ps.append(p)
             current_units.add(unit)
             nbytes += p.data.nbytes
-            if nbytes >= self.bucket_cap_bytes or i == len(order) - 1:
+            group, scale = self._reduced_over(p)
+            if (nbytes >= self.bucket_cap_bytes or i == len(order) - 1
+                    or self._reduced_over(order[i + 1][1])[0] != group):
                 k = len(buckets)
                 flat = FlatParameter(f"bucket{k}", current_ps, 1)
                 buf = np.zeros(flat.padded_numel, dtype=self.dtype)  # buf: [numel]
                 self._ledger.hold(f"ddp:bucket{k}", buf, "gradients")
                 flat.use_grads(buf)
-                buckets.append(Bucket(k, flat, buf, frozenset(current_units)))
+                buckets.append(Bucket(k, flat, buf, frozenset(current_units), group, scale))
                 current_ps, current_units, nbytes = [], set(), 0
         return buckets
 
@@ -173,8 +196,9 @@ class DistributedDataParallel(DataParallelEngine):
             self._unsynced = False
 
     def _launch(self, b: Bucket) -> None:
-        if self.group.size > 1:
-            b.work = all_reduce(b.buffer, "avg", group=self.group, async_op=True)
+        b.launched = True
+        if b.group.size > 1:
+            b.work = all_reduce(b.buffer, "avg", group=b.group, async_op=True)
 
     def finish_grad_sync(self) -> None:
         """Launch every bucket not launched since the last backward began (none if no
@@ -192,6 +216,9 @@ class DistributedDataParallel(DataParallelEngine):
             if b.work is not None:
                 np.copyto(b.buffer, b.work.wait())  # the average, into the bucket
                 b.work = None
+            if b.launched and b.scale != 1.0:  # experts: 1/ep, even on a group of one
+                b.buffer *= np.asarray(b.scale, dtype=b.buffer.dtype)
+            b.launched = False
 
     # ---- gradients and state ----------------------------------------------------------------
     def zero_grad(self) -> None:
@@ -210,7 +237,16 @@ class DistributedDataParallel(DataParallelEngine):
         return {name: v.reshape(self.param_shapes[name]).copy()
                 for name, v in self._grad_of.items()}
 
+    def _check_no_expert_parallelism(self, what: str) -> None:
+        e = self.experts
+        if e is not None and e.expert_group.size > 1:
+            raise ValueError(f"rank {current().rank}: {what} of a model whose experts are "
+                             f"spread over an expert-parallel group ({e.expert_group}) is not "
+                             f"written yet: this rank holds only its own experts. Save the "
+                             f"model at ep = 1")
+
     def _full_values(self):
+        self._check_no_expert_parallelism("the full state")
         params = {p.name: p.data.copy() for _, ps in self.units for p in ps}
         states = {}
         for i, piece in enumerate(self.optimizer.pieces):
@@ -230,6 +266,7 @@ class DistributedDataParallel(DataParallelEngine):
     def local_state(self) -> LocalState:
         """Every unit whole (one shard of one), replicated over the group; the weights and
         moments laid out as a FlatParameter of world 1 (no padding), so copies."""
+        self._check_no_expert_parallelism("a sharded checkpoint")
         moments = {piece.key: self.optimizer.state_arrays(i)
                    for i, piece in enumerate(self.optimizer.pieces)}
         units = []

@@ -61,6 +61,7 @@ from ...optim.clip import clip_coef
 from ...runtime.collectives import all_reduce
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
+from .experts import ExpertDataParallel
 from .flat import FlatShard
 from .sharded_optimizer import ShardedOptimizer, check_optimizer_class, is_half
 
@@ -119,8 +120,10 @@ class DataParallelEngine:
 
     def __init__(self, model, group: ProcessGroup, shard_group: Optional[ProcessGroup],
                  max_grad_norm: Optional[float],
-                 model_parallel: Optional[ModelParallelNorm] = None):
+                 model_parallel: Optional[ModelParallelNorm] = None,
+                 experts: Optional[ExpertDataParallel] = None):
         ctx = current()
+        self.experts = experts  # how expert parameters are reduced (DDP only; None: none)
         for g in (group, shard_group, model_parallel and model_parallel.group):
             if g is not None and ctx.rank not in g:
                 raise ValueError(
@@ -235,8 +238,7 @@ class DataParallelEngine:
         grads = self._owned_grads()
         coef = 1.0
         if self.max_grad_norm is not None:
-            local = self.optimizer.squared_grad_norm(grads, self._counted())
-            total = self._sum_over_shards(local)
+            total = self._sum_over_shards(self._squares(grads))
             mp = self.model_parallel
             if mp is not None and mp.group.size > 1:
                 total = float(all_reduce(np.array([total]), "sum", group=mp.group)[0])
@@ -245,6 +247,20 @@ class DataParallelEngine:
             coef = clip_coef(self.last_grad_norm, self.max_grad_norm)
         self.optimizer.step(grads, coef)
         self._after_step()
+
+    def _squares(self, grads: list[np.ndarray]) -> float:
+        """This rank's counted squares; with experts, theirs summed over the expert group
+        too (each rank holds other experts), added to the dense ones."""
+        counted = self._counted()
+        if self.experts is None:
+            return self.optimizer.squared_grad_norm(grads, counted)
+        base, is_expert = counted or (lambda name: True), self.experts.is_expert
+        dense = self.optimizer.squared_grad_norm(
+            grads, lambda name: base(name) and not is_expert(name))
+        mine = self.optimizer.squared_grad_norm(grads, lambda name: base(name) and is_expert(name))
+        if self.experts.expert_group.size > 1:
+            mine = float(all_reduce(np.array([mine]), "sum", group=self.experts.expert_group)[0])
+        return dense + mine
 
     def _counted(self) -> Optional[Callable[[str], bool]]:
         """Which parameters' squares this rank adds to the norm (None: all of them)."""
