@@ -168,13 +168,14 @@ class MoE(Module):
         return f"MoE({self.name}, top {self.top_k} of {self.num_experts}, {cap}{shared})"
 
 
-def moe_layer(name: str, cfg) -> MoE:
+def moe_layer(name: str, cfg, layer_cls: type = MoE, **kwargs) -> MoE:
     """The MoE layer of a block named `name` of the GPT of `cfg` (cfg.moe set): the model's
     hidden size, dtype, seed and init (fc2 and the shared experts' fc2 at GPT-2's residual
-    std, as the dense MLP's), and the MoEConfig's routing and balancing."""
+    std, as the dense MLP's), and the MoEConfig's routing and balancing. `layer_cls` and
+    `kwargs`: another layer with MoE's arguments (an expert-parallel one and its group)."""
     m = cfg.moe
     out_std = cfg.init_std / np.sqrt(2 * cfg.num_layers)  # block.residual_out_std
-    return MoE(name, cfg.hidden, m.expert_ffn(cfg.ffn), m.num_experts, m.top_k,
+    return layer_cls(name, cfg.hidden, m.expert_ffn(cfg.ffn), m.num_experts, m.top_k,
                score_function=m.score_function, normalize=m.normalize,
                scaling_factor=m.scaling_factor, num_groups=m.num_groups,
                topk_groups=m.topk_groups, capacity_factor=m.capacity_factor,
@@ -182,7 +183,7 @@ def moe_layer(name: str, cfg) -> MoE:
                aux_loss_coeff=m.aux_loss_coeff, seq_aux_loss_coeff=m.seq_aux_loss_coeff,
                z_loss_coeff=m.z_loss_coeff, shared_ffn_hidden=m.shared_ffn_hidden,
                gelu=cfg.gelu, seed=cfg.seed, dtype=cfg.np_dtype, std=cfg.init_std,
-               out_std=out_std)
+               out_std=out_std, **kwargs)
 
 
 def moe_layers(model) -> list[MoE]:

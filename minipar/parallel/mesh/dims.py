@@ -41,7 +41,7 @@ from ...runtime.checks import MAX_RANKS
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 _ORDER_NAMES = ("tp", "cp", "ep", "dp", "pp")
 #: the dimensions parallelize can build so far; the others it accepts at size 1 only
-IMPLEMENTED = ("dp_replicate", "dp_shard", "tp", "pp")
+IMPLEMENTED = ("dp_replicate", "dp_shard", "tp", "pp", "ep")
 
 
 @dataclass(frozen=True)

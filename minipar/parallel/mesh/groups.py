@@ -17,6 +17,8 @@ differ only in that coordinate; flattened ones hold the ranks that differ only i
                                         over which a gradient norm is completed (Megatron's
                                         model-parallel group)
     ep      ep consecutive ranks of dp_cp (Megatron folds expert parallelism into dp x cp)
+    edp     the ranks of dp_cp at this rank's place in their ep groups: those holding the
+            same experts (Megatron's expert_data_parallel group), dp·cp / ep of them
 
 Making a group is not a collective here (see runtime/group.py), so every rank builds its own
 `ParallelGroups(dims)` once, at the start of its program.
@@ -61,7 +63,7 @@ class ParallelGroups:
         self.dp = self._group("dp_replicate", "dp_shard", name="dp")
         self.dp_cp = self._group("dp_replicate", "dp_shard", "cp", name="dp_cp")
         self.model_parallel = self._group("pp", "tp", name="model_parallel")
-        self.ep = self._expert_group()
+        self.ep, self.edp = self._expert_groups()
 
     # ---- where this rank is --------------------------------------------------------------
     @property
@@ -89,12 +91,14 @@ class ParallelGroups:
         return ProcessGroup(tuple(sorted(int(r) for r in ranks)), name or dims[0],
                             self.dims.world_size)
 
-    def _expert_group(self) -> ProcessGroup:
-        """ep consecutive members of this rank's dp_cp group (in its rank order)."""
-        ep = self.dims.ep
+    def _expert_groups(self) -> tuple[ProcessGroup, ProcessGroup]:
+        """(ep, edp): ep consecutive members of this rank's dp_cp group (in its rank order),
+        and the members at the same place in the other ep groups."""
+        ep, n = self.dims.ep, self.dims.world_size
         members = self.dp_cp.ranks
-        i = members.index(self.rank) // ep
-        return ProcessGroup(members[i * ep:(i + 1) * ep], "ep", self.dims.world_size)
+        i, j = divmod(members.index(self.rank), ep)
+        return (ProcessGroup(members[i * ep:(i + 1) * ep], "ep", n),
+                ProcessGroup(members[j::ep], "edp", n))
 
     def __repr__(self) -> str:
         where = ", ".join(f"{n}={c}" for n, c in self.coordinate.items())

@@ -59,6 +59,7 @@ from ..dp import (DataParallelEngine, DistributedDataParallel, FullyShardedDataP
 from ..pp import PipelineRunner, RankStages, validate_schedule
 from ..tp import TensorParallelGPT
 from .dims import ParallelDims
+from .experts import check_moe, expert_data_parallel, moe_factory, update_expert_biases
 from .groups import ParallelGroups
 from .placement import apply_placement
 from .pipeline import (NoParameters, blocks_held, broadcast_loss, build_rank_stages,
@@ -106,9 +107,12 @@ class Parallelized:
                                     split_microbatches(x, y, micro_batches or 1), no_sync)
 
     def step(self) -> None:
-        """The optimizer step (clipped by the global norm if asked), then zero_grad."""
+        """The optimizer step (clipped by the global norm if asked), then zero_grad; with
+        a mixture of experts, the routers' biases (experts.py)."""
         self.engine.step()
         self.engine.zero_grad()
+        if self.model.cfg.moe is not None:
+            update_expert_biases(self.model, self.groups)
 
     def train_step(self, ids: np.ndarray, targets: np.ndarray,
                    micro_batches: Optional[int] = None) -> float:
@@ -128,8 +132,11 @@ def _zero_stage(zero: Optional[int], strategy: Optional[ShardingStrategy]) -> in
 def build_model(cfg: GPTConfig, groups: ParallelGroups, sequence_parallel: bool = False,
                 blocks: Optional[frozenset] = None) -> TensorParallelGPT:
     """This rank's part of the model: 1/tp of the GPT, dropout sliced to its batch block;
-    of the blocks, only `blocks` (default: all; a pipeline rank's: its stages')."""
-    return TensorParallelGPT(cfg, groups.tp, sequence_parallel, groups.batch_shard, blocks)
+    of the blocks, only `blocks` (default: all; a pipeline rank's: its stages'); with
+    cfg.moe, expert-parallel MoE layers over groups.ep (experts.py)."""
+    factory = moe_factory(cfg, groups) if cfg.moe is not None else None
+    return TensorParallelGPT(cfg, groups.tp, sequence_parallel, groups.batch_shard, blocks,
+                             factory)
 
 
 def model_parallel_norm(model, groups: ParallelGroups,
@@ -185,6 +192,9 @@ def build_engine(model, groups: ParallelGroups, *, zero: Optional[int] = None,
     common: dict[str, Any] = dict(max_grad_norm=max_grad_norm,
                                   model_parallel=model_parallel_norm(model, groups, shared),
                                   **kwargs)
+    experts = expert_data_parallel(getattr(model, "model", model), groups)
+    if experts is not None:  # DDP only (check_moe)
+        common["experts"] = experts
     if not model.units():  # a pipeline rank of empty stages only
         return NoParameters(model, groups, replicated=zero == 0 or sharding_strategy is
                             S.NO_SHARD, **common)
@@ -242,6 +252,8 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
     groups = groups if groups is not None else ParallelGroups(dims)
     if groups.dims != dims:
         raise ValueError(f"groups were built for {groups.dims}, not {dims}")
+    if cfg.moe is not None:
+        check_moe(cfg, groups, zero, sharding_strategy, sequence_parallel)
     actions = pipeline_schedule(dims.pp, schedule, microbatches, chunks)
     if actions is None and layers is not None:
         raise ValueError(f"layers={layers!r} splits the blocks among pipeline stages, but "

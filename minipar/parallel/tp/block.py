@@ -117,16 +117,19 @@ def residual_stream_rng(rng: TensorParallelRNG, sequence_parallel: bool):
 
 
 def parallel_parts(name: str, cfg, group: ProcessGroup, sequence_parallel: bool,
-                   sp_grads: Optional[SequenceParallelGrads]) -> BlockParts:
+                   sp_grads: Optional[SequenceParallelGrads], mlp=None) -> BlockParts:
     """nn.dense_parts' four parts, tensor-parallel over `group`: LayerNorms on the sequence
-    shard (their gradients to `sp_grads` under SP), ParallelAttention and ParallelMLP."""
+    shard (their gradients to `sp_grads` under SP), ParallelAttention and ParallelMLP (or
+    `mlp`, made by the caller: a mixture of experts, replicated over the tp group)."""
     out_std, dt, eps = residual_out_std(cfg), cfg.np_dtype, cfg.layernorm_eps
+    if mlp is None:
+        mlp = ParallelMLP(f"{name}.mlp", cfg, group, sequence_parallel, sp_grads, out_std)
     return BlockParts(
         ln1=SequenceParallelLayerNorm(f"{name}.ln1", cfg.hidden, eps, dt, sp_grads),
         attn=ParallelAttention(f"{name}.attn", cfg, group, sequence_parallel, sp_grads,
                                out_std),
         ln2=SequenceParallelLayerNorm(f"{name}.ln2", cfg.hidden, eps, dt, sp_grads),
-        mlp=ParallelMLP(f"{name}.mlp", cfg, group, sequence_parallel, sp_grads, out_std))
+        mlp=mlp)
 
 
 class ParallelTransformerLayer(Block):
@@ -139,11 +142,11 @@ class ParallelTransformerLayer(Block):
     """
 
     def __init__(self, name: str, cfg, group: ProcessGroup, sequence_parallel: bool,
-                 recompute: Optional[str] = None):
+                 recompute: Optional[str] = None, mlp=None):
         self.sequence_parallel = sequence_parallel
         self.sp_grads = SequenceParallelGrads(group) if sequence_parallel else None
         super().__init__(name, cfg, parallel_parts(name, cfg, group, sequence_parallel,
-                                                   self.sp_grads), recompute)
+                                                   self.sp_grads, mlp), recompute)
 
     def residual_rng(self, rng: TensorParallelRNG):
         """The residual dropouts' generator: replicated, or this rank's sequence slice."""

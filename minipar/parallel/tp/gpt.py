@@ -26,7 +26,7 @@ tokens are, so that dropout masks are the global batch's (see random.py);
 
 from __future__ import annotations
 
-from typing import Collection, Optional
+from typing import Callable, Collection, Optional
 
 import numpy as np
 
@@ -63,18 +63,23 @@ class TensorParallelGPT(GPT):
 
     def __init__(self, cfg: GPTConfig, tp_group: ProcessGroup, sequence_parallel: bool = False,
                  batch_shard: tuple[int, int] = (0, 1),
-                 blocks_held: Optional[Collection[int]] = None):
-        if cfg.moe is not None:
+                 blocks_held: Optional[Collection[int]] = None,
+                 mlp_factory: Optional[Callable[[int], object]] = None):
+        """mlp_factory(i): block i's MLP when it is not the tensor-parallel dense one (None:
+        ParallelMLP); a mixture of experts (cfg.moe) needs it: parallel/mesh passes an
+        expert-parallel MoE, replicated over the tp group, on the full sequence."""
+        if cfg.moe is not None and (mlp_factory is None or sequence_parallel):
             raise ValueError(
-                "GPTConfig.moe: the mixture-of-experts blocks run on one device (GPT(cfg), "
-                "nn/moe) and, expert by expert, over an expert-parallel group "
-                "(parallel/ep); parallelize and TensorParallelGPT do not compose them with "
-                "tp, pp and dp yet. Train the MoE model on one device, or drop moe=")
+                "GPTConfig.moe under tensor parallelism: the mixture-of-experts blocks are "
+                "replicated over the tp group on the full sequence, so they need the "
+                "mlp_factory parallelize passes (an expert-parallel MoE) and no sequence "
+                "parallelism (sequence_parallel=False); build the run with parallelize")
         check_tensor_parallel(cfg, tp_group.size, sequence_parallel)
         self.batch_shard = check_batch_shard(batch_shard)
         self.group, self.sequence_parallel = tp_group, sequence_parallel
         self.tp_rank = tp_group.group_rank(current().rank)
         self.root_grads = SequenceParallelGrads(tp_group) if sequence_parallel else None
+        self.tp_mlp_factory = mlp_factory
         super().__init__(cfg, blocks_held=blocks_held)  # builds the parts below, in order
         # the collector each unit's backward flushes (None: its gradients are complete);
         # a pipeline splits the root (split_root) into EMBED and HEAD, which share it
@@ -94,8 +99,10 @@ class TensorParallelGPT(GPT):
                                       cfg.np_dtype, cfg.init_std)
 
     def build_block(self, i: int) -> ParallelTransformerLayer:
+        f = self.tp_mlp_factory
         return ParallelTransformerLayer(block_unit(i), self.cfg, self.group,
-                                        self.sequence_parallel, self.cfg.layer_recompute)
+                                        self.sequence_parallel, self.cfg.layer_recompute,
+                                        None if f is None else f(i))
 
     def build_ln_f(self) -> SequenceParallelLayerNorm:
         cfg = self.cfg

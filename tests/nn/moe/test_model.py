@@ -2,7 +2,8 @@
 gradients (cross-entropy + the balancing losses) against finite differences, the balancing
 losses averaged over accumulated micro-batches like the main loss (and the known bug that
 skips it, caught), recomputation and the split backward bit for bit, the parameter
-counts, the aux-loss-free bias between steps, and the layouts that refuse it for now."""
+counts, the aux-loss-free bias between steps (parallelize's layouts: tests/parallel/mesh/
+test_moe.py)."""
 
 import numpy as np
 import pytest
@@ -150,13 +151,13 @@ def test_routers_move_their_bias_once_a_step_and_count_again():
     assert router.tokens_per_expert.sum() == 0
 
 
-def test_tensor_parallel_layouts_refuse_moe_for_now():
-    from minipar.parallel import ParallelDims, parallelize
+def test_a_tensor_parallel_gpt_built_by_hand_refuses_moe_without_the_mesh_factory():
+    from minipar.parallel import TensorParallelGPT
 
     def program(ctx):
-        parallelize(config(), ParallelDims(tp=2), lr=1e-3)
+        TensorParallelGPT(config(vocab_size=12), mp.new_group([0, 1]))
 
-    with pytest.raises(RankFailedError, match="do not compose them with tp, pp and dp yet"):
+    with pytest.raises(RankFailedError, match="need the mlp_factory parallelize passes"):
         mp.launch(program, 2)
 
 

@@ -39,12 +39,12 @@ def test_bad_dims_are_refused_naming_the_fix(kw, words):
         assert w in str(e.value)
 
 
-def test_cp_ep_are_layouts_but_parallelize_builds_them_at_one_only():
+def test_cp_is_a_layout_but_parallelize_builds_it_at_one_only():
     assert ParallelDims(dp_shard=2, ep=2).world_size == 2  # ep folds into dp: no extra ranks
     assert ParallelDims(pp=2, cp=2, tp=2).world_size == 8
     ParallelDims(pp=2, dp_shard=2, tp=2).check_implemented()  # pipelines have landed
-    for kw, form in ((dict(cp=2), "context parallelism"),
-                     (dict(dp_shard=2, ep=2), "expert parallelism")):
+    ParallelDims(dp_replicate=4, ep=2).check_implemented()  # expert parallelism too
+    for kw, form in ((dict(cp=2), "context parallelism"),):
         with pytest.raises(ValueError) as e:
             ParallelDims(**kw).check_implemented()
         name = next(k for k in kw if k != "dp_shard")

@@ -40,6 +40,11 @@ def test_hybrid_split_of_dp_and_the_flattened_groups():
 def test_expert_groups_are_consecutive_members_of_dp_cp():
     gs = groups_of(ParallelDims(dp_shard=4, tp=2, ep=2))
     assert gs[0].ep.ranks == (0, 2) and gs[4].ep.ranks == (4, 6) and gs[7].ep.ranks == (5, 7)
+    # edp: the same place in each ep group, the ranks that hold the same experts
+    assert gs[0].edp.ranks == (0, 4) and gs[2].edp.ranks == (2, 6) and gs[7].edp.ranks == (3, 7)
+    for g in gs:
+        assert set(g.ep.ranks) & set(g.edp.ranks) == {g.rank}
+        assert len(g.ep.ranks) * len(g.edp.ranks) == len(g.dp_cp.ranks)
 
 
 def test_group_names_are_the_dimensions():
