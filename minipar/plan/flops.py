@@ -13,12 +13,18 @@ input and one for the weight, per matmul), so one step is 3x the forward:
     F = 72 B s l h^2 (1 + s/(6h) + V/(12 l h))
 Full recomputation runs every layer's forward once more (4x), but not the logit layer:
     F_full = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))
+A mixture of experts (moe_model_flops) replaces the MLP of each of its l_moe layers,
+2 B s h f · 2 forward (f = 4h above), by the k experts a token runs, 2 B s h f_e · 2 each,
+the router's 2 B s h E and any shared experts' 2 B s h f_sh · 2 (the active parameters:
+dropped tokens and padding change the work, not the model's FLOPs).
 Conventions: only matmuls count; attention is counted over the full s x s score matrix
 (as dense kernels compute it; causal masking does not halve it); the embedding lookup
 costs nothing; a tied head counts the same as an untied one.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 
 def model_flops(B: int, s: int, l: int, h: int, V: int) -> float:
@@ -35,3 +41,15 @@ def selective_recompute_extra_flops(B: int, s: int, l: int, h: int) -> float:
     """l * 2 B s^2 h: selective recomputation re-runs Q K^T in every layer (the softmax and
     dropout it also re-runs are not matmuls)."""
     return l * 2 * B * s**2 * h
+
+
+def moe_model_flops(B: int, s: int, l: int, h: int, V: int, moe_layers: int,
+                    num_experts: int, top_k: int, expert_ffn: int, shared_ffn: int = 0,
+                    ffn: Optional[int] = None) -> float:
+    """model_flops with `moe_layers` of the l MLPs (width ffn, default 4h) replaced by
+    top_k experts of width expert_ffn, the router and the shared experts, all times 3."""
+    f = 4 * h if ffn is None else ffn
+    dense = model_flops(B, s, l, h, V) + 3 * l * 4 * B * s * h * (f - 4 * h)
+    per_layer = (4 * B * s * h * (top_k * expert_ffn + shared_ffn - f)
+                 + 2 * B * s * h * num_experts)
+    return dense + 3 * moe_layers * per_layer

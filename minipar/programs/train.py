@@ -50,14 +50,14 @@ import numpy as np
 from ..data import (CharTokenizer, TokenStream, load_corpus, loss_scale_for_accumulation,
                    split_microbatches)
 from ..nn.gpt import GPT
+from ..nn.moe import update_routers
 from ..nn.saved import release_all
 from ..optim import (AdamW, MixedPrecisionOptimizer, WarmupCosine, clip_grad_norm_,
                     no_decay_for)
-from ..plan import model_flops
 from ..runtime.context import device
 from ..runtime.ledger import CATEGORIES
 from .train_config import (MIXED, NO_DECAY, TRAIN_DTYPES, StepInfo, TrainConfig,  # noqa: F401
-                           TrainResult)
+                           TrainResult, step_model_flops)
 from .train_checks import check_memory, diverged, host_available_bytes
 from .train_report import peak_label
 from .train_timing import StepClock, split_step
@@ -130,6 +130,10 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
                             loss_scale=scale)
                 if not math.isfinite(float(np.mean(micro))):  # before any update
                     raise diverged(what="loss", value=float(np.mean(micro)), **stop)
+                if mcfg.moe is not None:  # an expert no token chose: a zero gradient, which
+                    for p in params:  # AdamW decays, as the data-parallel engines' buffers
+                        if p.grad is None:
+                            p.accumulate(np.zeros_like(p.data))
                 if mixed:  # unscale, skip on overflow, clip, step the float32 masters
                     taken = opt.step()
                     norm = opt.last_grad_norm if taken else math.nan
@@ -142,6 +146,8 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
                     opt.step()
                     taken = True
             opt.zero_grad()
+            if mcfg.moe is not None:  # the routers' aux-loss-free bias, once a step
+                update_routers(model, mcfg.moe.bias_update_rate)
             if taken:  # a skipped step does not advance the schedule
                 sched.step()
 
@@ -170,8 +176,7 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
     return TrainResult(
         config=cfg, losses=losses, lrs=lrs, grad_norms=norms, skipped=skipped,
         sim_step_times=sim_times,
-        model_flops_per_step=model_flops(cfg.global_batch, cfg.seq_len, cfg.num_layers,
-                                         cfg.hidden, mcfg.vocab_size),
+        model_flops_per_step=step_model_flops(cfg, mcfg),
         clock_flops_per_step=clock_flops / cfg.steps, peak_flops=peak, peak_label=label,
         ledger_peak=ledger_peak, final_loss_scale=final_scale,
         wall_time=time.perf_counter() - wall0,

@@ -230,3 +230,20 @@ def tp_in_flags(text: str) -> str:
     text = re.sub(r"\bnum_heads\b", "--heads", text)
     text = re.sub(r"\bseq_len\b", "--seq-len", text)
     return re.sub(r"\bffn_hidden\b", "the MLP's width (4 x --hidden)", text)
+
+
+def moe_flag_error(args) -> Optional[str]:
+    """What `minipar train` must refuse in the mixture-of-experts flags, in flag names."""
+    if args.experts == 0:
+        return None if args.ep == 1 else (f"--ep {args.ep} spreads experts over ranks, and "
+                                          f"--experts is 0: give --experts E")
+    if args.top_k > args.experts:
+        return f"--top-k {args.top_k} is more than --experts {args.experts}"
+    if args.dp % args.ep or args.experts % args.ep:
+        return (f"--ep {args.ep} must divide --dp {args.dp} (expert parallelism is folded into "
+                f"the data-parallel ranks) and --experts {args.experts}; try --ep in "
+                f"{[d for d in range(1, args.dp + 1) if args.dp % d == 0 == args.experts % d]}")
+    if args.zero or args.sp:
+        return ("--experts trains with DDP and no sequence parallelism here: leave out "
+                "--zero and --sp")
+    return None

@@ -22,7 +22,7 @@ from ..parallel.mesh import check_placement
 from . import train_report
 from .train import generate, train
 from .train_checks import (TrainingDiverged, TrainingRefused, divisors, in_flags,
-                           layout_flag_error, pipeline_flag_error, tp_in_flags)
+                           layout_flag_error, moe_flag_error, pipeline_flag_error, tp_in_flags)
 from .train_config import TrainConfig, gpt_config
 from .train_parallel import train_parallel
 from .train_resume import recovery_from_args, failure_report, resume_note
@@ -56,6 +56,9 @@ def check_flags(args: argparse.Namespace, warmup: int) -> None:
                               mcfg, args.dp_replicate)
     if error:
         args.parser.error(error)
+    error = moe_flag_error(args)
+    if error:
+        args.parser.error(error)
     unknown = sorted(set(args.prompt) - set(corpus))
     if args.sample and (not args.prompt or unknown):
         args.parser.error(f"--prompt must be non-empty and use only the corpus's characters; "
@@ -72,7 +75,10 @@ def _config(args: argparse.Namespace, warmup: int) -> TrainConfig:
                        tp=args.tp, sequence_parallel=args.sp, zero=args.zero,
                        dp_replicate=args.dp_replicate, order=args.order,
                        nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                       vocab_divisible_by=args.vocab_divisible_by)
+                       vocab_divisible_by=args.vocab_divisible_by, experts=args.experts,
+                       top_k=args.top_k, ep=args.ep, capacity_factor=args.capacity_factor,
+                       moe_every=args.moe_every, aux_loss_coeff=args.aux_loss_coeff,
+                       z_loss_coeff=args.z_loss_coeff, bias_update_rate=args.bias_update_rate)
 
 
 def warn_placement(cfg: TrainConfig) -> None:

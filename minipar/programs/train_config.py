@@ -20,10 +20,12 @@ import numpy as np
 from ..data import CharTokenizer, load_corpus
 from ..nn.config import GPTConfig
 from ..nn.gpt import GPT
+from ..nn.moe import MoEConfig
 from ..parallel.mesh import DEFAULT_ORDER, ParallelDims
 from ..parallel.mesh.pipeline import check_tied_on_one_rank
 from ..parallel.pp import own_chunks, schedule, split_layers
 from ..parallel.tp import check_tensor_parallel, padded_vocab_size
+from ..plan.flops import model_flops, moe_model_flops
 from ..plan.training_memory import TrainingMemory
 from ..runtime.topology import Topology
 from .train_checks import check_can_learn
@@ -71,6 +73,10 @@ class TrainConfig:
     laid out in Megatron's `order`, fastest first (ParallelDims; default tp-cp-ep-dp-pp).
     `vocab_divisible_by`: the vocabulary padded to a multiple of it (Megatron's
     make-vocab-size-divisible-by) on every layout alike, so that tp can split it.
+    Mixture of experts (`experts` > 0): every `moe_every`-th block routes each token to
+    `top_k` of `experts` MLPs (dropless, or `capacity_factor`), with the auxiliary loss
+    (`aux_loss_coeff`), the z-loss and the aux-loss-free bias (`bias_update_rate`); the
+    experts spread over `ep` data-parallel ranks (nn/moe, parallel/ep; DDP, no SP).
     """
 
     steps: int = 200
@@ -100,6 +106,14 @@ class TrainConfig:
     nodes: Optional[int] = None
     gpus_per_node: Optional[int] = None
     vocab_divisible_by: int = 1
+    experts: int = 0
+    top_k: int = 2
+    ep: int = 1
+    capacity_factor: Optional[float] = None
+    moe_every: int = 1
+    aux_loss_coeff: float = 0.01
+    z_loss_coeff: float = 0.0
+    bias_update_rate: float = 0.0
 
     def __post_init__(self):
         if self.chunks is None:  # the schedule's own: 1, or 2 in a V
@@ -107,8 +121,8 @@ class TrainConfig:
         for name, minimum in (("steps", 1), ("global_batch", 1), ("num_microbatches", 1),
                               ("warmup_steps", 0), ("seed", 0), ("log_every", 1), ("pp", 1),
                               ("chunks", 1), ("dp", 1), ("tp", 1), ("zero", 0),
-                              ("dp_replicate", 1),
-                              ("vocab_divisible_by", 1)):
+                              ("dp_replicate", 1), ("vocab_divisible_by", 1),
+                              ("experts", 0), ("top_k", 1), ("ep", 1), ("moe_every", 1)):
             _check_int(name, getattr(self, name), minimum)
         if self.global_batch % self.num_microbatches:
             ks = [d for d in range(1, self.global_batch + 1) if self.global_batch % d == 0]
@@ -160,7 +174,7 @@ class TrainConfig:
         rep = self.dp if self.zero == 0 else self.dp_replicate
         shard = 1 if self.zero == 0 else self.dp // self.dp_replicate
         return ParallelDims(dp_replicate=rep, dp_shard=shard, pp=self.pp, tp=self.tp,
-                            order=self.order)
+                            ep=self.ep, order=self.order)
 
     def topology(self) -> Topology:
         """nodes x gpus_per_node devices: both given, one derived from world_size, or one
@@ -202,6 +216,7 @@ class TrainConfig:
             raise ValueError(f"nodes={topo.num_nodes} x gpus_per_node={topo.gpus_per_node} = "
                              f"{topo.world_size} devices, but dp x pp x tp = "
                              f"{self.world_size}: make the two products equal")
+        self._check_experts()
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel splits the sequence over the tensor-parallel "
                              "group, and tp = 1: give tp > 1, or leave it off")
@@ -216,6 +231,30 @@ class TrainConfig:
             check_tied_on_one_rank(mcfg, acts, self.zero, None)
         dims.check_implemented()
 
+    def _check_experts(self) -> None:
+        """What a mixture of experts needs of the layout (parallel/mesh/experts.py)."""
+        if self.experts == 0:
+            if self.ep > 1:
+                raise ValueError(f"ep={self.ep} spreads experts over ranks, and experts=0: "
+                                 f"give experts > 0, or ep=1")
+            return
+        if self.dp % self.ep or self.experts % self.ep:
+            raise ValueError(f"ep={self.ep} must divide dp={self.dp} (expert parallelism is "
+                             f"folded into the data-parallel ranks) and experts="
+                             f"{self.experts} (each rank holds experts / ep)")
+        if self.zero or self.sequence_parallel:
+            raise ValueError("a mixture of experts trains with DDP (zero=0) and without "
+                             "sequence parallelism here")
+
+    def moe_config(self) -> Optional[MoEConfig]:
+        """The MoEConfig of the run (None: dense)."""
+        if self.experts == 0:
+            return None
+        return MoEConfig(num_experts=self.experts, top_k=self.top_k, moe_every=self.moe_every,
+                         capacity_factor=self.capacity_factor,
+                         aux_loss_coeff=self.aux_loss_coeff, z_loss_coeff=self.z_loss_coeff,
+                         bias_update_rate=self.bias_update_rate)
+
     def _check_pipeline(self) -> None:
         """The schedule's and the split's own refusals (ScheduleError is a ValueError)."""
         schedule(self.schedule, self.pp, self.num_microbatches, self.chunks)
@@ -226,11 +265,24 @@ class TrainConfig:
         multiple of vocab_divisible_by)."""
         return gpt_config(vocab_size, self.vocab_divisible_by, seq_len=self.seq_len,
                           hidden=self.hidden, num_heads=self.num_heads,
-                          num_layers=self.num_layers, dtype=self.dtype, seed=self.seed)
+                          num_layers=self.num_layers, dtype=self.dtype, seed=self.seed,
+                          moe=self.moe_config())
 
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
+
+
+def step_model_flops(cfg: TrainConfig, mcfg: GPTConfig) -> float:
+    """Model FLOPs of one step (Narayanan et al.'s formula; with experts, the k a token runs
+    and the router: plan/flops.py's moe_model_flops)."""
+    args = (cfg.global_batch, cfg.seq_len, cfg.num_layers, cfg.hidden, mcfg.vocab_size)
+    m = mcfg.moe
+    if m is None:
+        return model_flops(*args)
+    layers = sum(m.is_moe_block(i) for i in range(mcfg.num_layers))
+    return moe_model_flops(*args, layers, m.num_experts, m.top_k, m.expert_ffn(mcfg.ffn),
+                           m.shared_ffn_hidden, mcfg.ffn)
 
 
 @dataclass(frozen=True)

@@ -43,10 +43,10 @@ import numpy as np
 
 from ..data import CharTokenizer, TokenStream, load_corpus
 from ..nn.gpt import GPT
+from ..nn.moe import moe_layers
 from ..optim import WarmupCosine, no_decay_for
 from ..parallel import ParallelDims, parallelize
 from ..parallel.pp import dry_run, lower, schedule
-from ..plan import model_flops
 from ..runtime.collectives import all_reduce
 from ..runtime.context import device
 from ..runtime.faults import inject, step_begins
@@ -54,7 +54,7 @@ from ..runtime.launch import RankFailedError, launch
 from ..runtime.ledger import CATEGORIES
 from .train import _params_summary
 from .train_checks import TrainingDiverged, check_memory, diverged, host_available_bytes
-from .train_config import NO_DECAY, StepInfo, TrainConfig, TrainResult
+from .train_config import NO_DECAY, StepInfo, TrainConfig, TrainResult, step_model_flops
 from .train_report import peak_label
 from .train_resume import Recovery, resume_at, save_if_due
 from .train_timing import StepClock, split_step
@@ -143,12 +143,13 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
                                  (step + 1 - start) * cfg.tokens_per_step / wall))
         peaks = {c: ctx.ledger.peak(c) for c in CATEGORIES}
         peaks["total"] = ctx.ledger.peak()
-        owned = [k[len("param/"):] for k in run.engine.full_state_dict()
-                 if k.startswith("param/")]
+        owned = [p.name for _, ps in getattr(run.engine, "units", ()) for p in ps]
         with run.engine.summon_full_params(writeback=False):  # ZeRO-3 keeps shards only
             full = run.model.full_parameters()  # gathered over tp
         params = {name: full[name] for name in owned}
-        return losses, lrs, norms, clock, params, peaks
+        biases = {layer.name: layer.router.expert_bias.copy()  # not parameters: the
+                  for layer in moe_layers(run.model)}  # routers' aux-loss-free biases
+        return losses, lrs, norms, clock, params, peaks, biases
 
     try:
         faults = recovery.faults if recovery is not None else ()
@@ -164,7 +165,7 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
     links = [topo.intra.name] + ([topo.inter.name] if topo.num_nodes > 1 else [])
     split = [split_step(c.events, c.t0, times[-1], bandwidth, links) for c in clocks]
     bubble = bubble_of(cfg) if cfg.pipelined else (0.0, 0.0)
-    model = _assemble(mcfg, [r[4] for r in res])
+    model = _assemble(mcfg, [r[4] for r in res], {k: v for r in res for k, v in r[6].items()})
     rank_peaks = [{c: b for c, b in r[5].items() if b} for r in res]
     ledger_peak = {c: max(r[5][c] for r in res) for c in CATEGORIES}
     ledger_peak = {c: b for c, b in ledger_peak.items() if b}
@@ -172,8 +173,7 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
     return TrainResult(
         config=cfg, losses=losses, lrs=lrs, grad_norms=norms, skipped=[False] * len(losses),
         sim_step_times=times,
-        model_flops_per_step=model_flops(cfg.global_batch, cfg.seq_len, cfg.num_layers,
-                                         cfg.hidden, mcfg.vocab_size),
+        model_flops_per_step=step_model_flops(cfg, mcfg),
         clock_flops_per_step=sum(c.flops for c in clocks) / len(losses),
         peak_flops=peak_flops[cfg.dtype], peak_label=peak_label(peak_flops, cfg.dtype),
         ledger_peak=ledger_peak, final_loss_scale=1.0, wall_time=time.perf_counter() - wall0,
@@ -183,7 +183,8 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
         rank_peaks=rank_peaks, time_split=split, topology=topo.describe())
 
 
-def _assemble(mcfg, pieces: list[dict[str, np.ndarray]]) -> GPT:
+def _assemble(mcfg, pieces: list[dict[str, np.ndarray]],
+              biases: dict[str, np.ndarray]) -> GPT:
     """One GPT holding every stage's weights (a tied wte is on two ranks, equal), on a
     scratch device: what `generate` samples from."""
     with device():
@@ -191,4 +192,6 @@ def _assemble(mcfg, pieces: list[dict[str, np.ndarray]]) -> GPT:
         for p in model.parameters():
             full = next(piece[p.name] for piece in pieces if p.name in piece)
             p.set_data(np.asarray(full).astype(p.data.dtype))
+        for layer in moe_layers(model):  # the routers' biases, from the ranks holding them
+            layer.router.expert_bias[...] = biases[layer.name]
     return model

@@ -58,7 +58,9 @@ def summary(cfg, r) -> list[str]:
     """What `minipar train` prints at the end: loss, simulated time, FLOPs, MFU, memory."""
     n = min(5, cfg.steps)
     m = r.model.cfg
-    flops = f"{r.model_flops_per_step:,.0f} a step: 72 B s l h^2 (1 + s/6h + V/12lh)"
+    flops = f"{r.model_flops_per_step:,.0f} a step: 72 B s l h^2 (1 + s/6h + V/12lh)" + (
+        ", the MLPs of the MoE blocks as the k experts a token runs and the router"
+        if m.moe is not None else "")
     if math.isclose(r.clock_flops_per_step, r.model_flops_per_step, rel_tol=1e-9):
         flops += ", exactly what the clock was charged"
     else:
@@ -78,6 +80,16 @@ def summary(cfg, r) -> list[str]:
         f"characters ({cfg.tokens_per_step:,} tokens), {cfg.num_microbatches} micro-batch"
         f"{'es' if cfg.num_microbatches > 1 else ''} each",
     ]
+    if m.moe is not None:
+        e = m.moe
+        cap = ("dropless" if e.capacity_factor is None
+               else f"capacity factor {e.capacity_factor:g}")
+        lines.append(
+            f"  experts         {e.num_experts} in each of blocks "
+            f"{[i for i in range(m.num_layers) if e.is_moe_block(i)]}, top {e.top_k}, {cap}, "
+            f"over ep {cfg.ep}: {m.num_active_parameters():,} of the "
+            f"{m.num_parameters():,} parameters active per token; aux loss "
+            f"{e.aux_loss_coeff:g}, z-loss {e.z_loss_coeff:g}, bias rate {e.bias_update_rate:g}")
     if cfg.parallel:
         lines += [f"  layout          {layout(cfg)}", f"  cluster         {r.topology}"]
     if cfg.pipelined:

@@ -95,6 +95,9 @@ def recovery_from_args(args, cfg) -> Recovery:
         if faults[-1].rank >= cfg.world_size or faults[-1].step > cfg.steps:
             args.parser.error(f"--fail-at {text}: the run has ranks 0..{cfg.world_size - 1} "
                               f"and steps 1..{cfg.steps}")
+    if cfg.ep > 1 and (args.checkpoint_dir or args.resume):
+        args.parser.error(f"--checkpoint-dir/--resume with --ep {cfg.ep}: checkpoints of "
+                          f"experts spread over ranks are not written yet; use --ep 1")
     rec = Recovery(Path(args.checkpoint_dir) if args.checkpoint_dir else None,
                    args.save_every, Path(args.resume) if args.resume else None, tuple(faults))
     try:
