@@ -14,6 +14,9 @@
     three_d.py          12   dp 2 x pp 2 x tp 2 through parallelize: each rank's coordinate
                              and groups, the bytes of each group by link class from the
                              trace, the loss and gradients one device's
+    experts.py          13   a mixture of experts over ep = 4 in dp = 8: each expert's load,
+                             the drops, the all-to-alls' bytes, the parameters a rank holds,
+                             the step against one device
 
 Each part prints through `out` and checks what it shows against a formula or one device,
 and passes every launch it runs to `record`; `--trace` writes them all, one after another,
@@ -31,12 +34,13 @@ from .data_parallel import DP_ATOL_SCALE, DP_RTOL, data_parallel_part
 from .model import single_device_part
 from .pipeline_parallel import pipeline_parallel_part
 from .tensor_parallel import tensor_parallel_part
+from .experts import experts_part
 from .three_d import three_d_part
 from .zero_bubble import zero_bubble_part
 
 #: the parts after the cluster's, in order: each takes `out` and `record`
 PARTS = (single_device_part, data_parallel_part, tensor_parallel_part, pipeline_parallel_part,
-         zero_bubble_part, three_d_part)
+         zero_bubble_part, three_d_part, experts_part)
 
 
 def run_tour(out: Print = print, nbytes: int = 4 << 20, trace_path: Optional[str] = None,
