@@ -17,6 +17,8 @@ the routers' counts not summed over data-parallel ranks (the replicas' biases th
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minipar as mp
 from minipar.data.batches import split_data_parallel, split_microbatches
@@ -44,11 +46,11 @@ def config(**moe):
                      ffn_hidden=8, init_std=0.3, moe=MoEConfig(**base))
 
 
-def batches(cfg, global_batch, seed=0):
+def batches(cfg, global_batch, seed=0, steps=STEPS):
     g = np.random.default_rng(seed)
     return [(g.integers(0, cfg.vocab_size, (cfg.seq_len, global_batch)),
              g.integers(0, cfg.vocab_size, (cfg.seq_len, global_batch)))
-            for _ in range(STEPS)]
+            for _ in range(steps)]
 
 
 def token_groups(ids, tgt, dp, m, pipeline):
@@ -135,6 +137,27 @@ def test_a_moe_layout_trains_like_one_device_routing_each_token_group(dims, m, w
             np.testing.assert_array_equal(b, want_biases[block])
     assert seen == set(want)  # every parameter is held by some rank
     assert any(np.abs(b).max() > 0 for b in want_biases.values())  # the biases did move
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=10)
+@given(ep=st.sampled_from([1, 2, 4]), replicas=st.sampled_from([1, 2]),
+       E=st.sampled_from([4, 8]), k=st.integers(1, 2), factor=st.sampled_from([None, 1.0]),
+       score=st.sampled_from(["softmax", "sigmoid"]), shared=st.sampled_from([0, 4]),
+       m=st.integers(1, 2), seed=st.integers(0, 20))
+def test_any_dp_x_ep_layout_trains_like_one_device(ep, replicas, E, k, factor, score, shared,
+                                                    m, seed):
+    """Dropless or with capacity, any routing: one step, dp = ep x replicas (<= 8)."""
+    cfg = config(num_experts=E, top_k=k, capacity_factor=factor, score_function=score,
+                 shared_ffn_hidden=shared)
+    dims = ParallelDims(dp_replicate=ep * replicas, ep=ep)
+    data = batches(cfg, global_batch=dims.dp * m, seed=seed, steps=1)
+    want_losses, _, want, _ = reference(cfg, data, dims.dp, m, False)
+    res = parallel(cfg, dims, data, m)
+    close(np.mean([r[0] for r in res], axis=0), want_losses, "losses")
+    for r in res:
+        for name, value in r[2].items():
+            close(value, want[name], name)
 
 
 def test_the_known_bugs_fail(monkeypatch):
