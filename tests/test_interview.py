@@ -570,6 +570,100 @@ INHERENT.update({
             {"tp", "wrong_nodes"}],  # tp slowest: each member on its own node
 })
 
+# ---- lesson 08: mixture of experts and expert parallelism -------------------------------
+def _moe_layer(h, f, E, k, shared=0, active=False):
+    """Router E·h, experts of two linears with biases (2hf + f + h), shared experts."""
+    mlp = lambda width: 2 * h * width + width + h
+    return E * h + (k if active else E) * mlp(f) + (mlp(shared) if shared else 0)
+
+
+def _moe_gpt(V, s, h, layers, moe_blocks, f_dense, f, E, k, shared, active=False):
+    attn = 4 * h * h + 4 * h + 4 * h  # qkv and proj with biases, two LayerNorms
+    dense = 2 * h * f_dense + f_dense + h
+    return (2 * V * h + s * h + 2 * h + layers * attn + (layers - moe_blocks) * dense
+            + moe_blocks * _moe_layer(h, f, E, k, shared, active))
+
+
+def _nodes_reached(n, per, k):
+    """Expected distinct nodes (of n, per experts each) among k experts drawn uniformly."""
+    total = n * per
+    return n * (1 - math.comb(total - per, k) / math.comb(total, k))
+
+
+LSE68 = math.log(sum(math.exp(-1 + 2 * i / 15) for i in range(16)))  # linspace(-1, 1, 16)
+S70 = 3072 * 6 * 5120 * 2
+T70 = 15 * IB_A + max(7 / 16 * S70 / NV_B, 8 / 16 * S70 / IB_B)  # 2 nodes of 8
+N70 = 7 * NV_A + 7 / 8 * S70 / NV_B  # one node of 8
+L74 = (2048, 1408, 64, 6)
+P76 = (102400, 4096, 2048, 28, 27, 10944, 1408, 64, 6, 2816)
+ROW77 = 4096 * 2  # bytes of a row, bf16
+EXPECTED.update({
+    "q66": dict(tokens=1536, experts=12, k=3, factor=1.15, hot=0.3,
+                cap=math.ceil(3 * 1536 / 12 * 1.15), even=3 * 1536 / 12, pairs=3 * 1536,
+                hot_pairs=round(0.3 * 3 * 1536), dropped=1382 - 442,
+                dropped_pct=(1382 - 442) / 4608, other_max=math.ceil((4608 - 1382) / 11),
+                needed=1382 / 384),
+    "q67": dict(alpha=0.013, experts=24, k=6, tokens=120, balanced=0.013,
+                without_k=0.013 * 6, collapsed=0.013 * 24 / 6, collapsed_no_k=0.013 * 24),
+    "q68": dict(alpha=0.001, experts=16, small=2.5, large=90,
+                z_small=0.001 * (LSE68 + 2.5) ** 2, z_large=0.001 * (LSE68 + 90) ** 2,
+                step_small=2.0 ** (1 - 7), step_large=2.0 ** (6 - 7), jump=math.exp(0.5),
+                same="the same"),
+    "q69": dict(tokens=512, experts=16, k=4, rate=0.002, lean=1.2, steps=150,
+                ratio0=lambda v: v > 5, below_step=lambda v: 10 <= v < 150,
+                last_lo=lambda v: 1 <= v <= VALUES["q69"]["last_hi"],
+                last_hi=lambda v: v < 1.5, stayed=lambda v: 0 < v < 512,
+                w_change=small(1e-15), bias_lo=lambda v: v < 0, bias_hi=lambda v: v > 0),
+    "q70": dict(tokens=3072, k=6, h=5120, ep=16, gpus_per_node=8, layers=27,
+                s_mb=S70 / 1e6, sent_mb=15 / 16 * S70 / 1e6, ib_mb=8 / 16 * S70 / 1e6,
+                t_ms=T70 * 1e3, node_ms=N70 * 1e3, step_ms=4 * 27 * T70 * 1e3,
+                slower=T70 / N70),
+    "q71": dict(dp=24, ep=8, experts=40, rank=13, sim_dp=4, sim_ep=2,
+                ep_group=", ".join(str(r) for r in range(8, 16)), edp_group="5, 13, 21",
+                per_rank=5, first_expert=25, last_expert=29, replicas=3,
+                right_ratio=lambda v: abs(v - 1) < 1e-10, wrong_ratio=lambda v: abs(v - 2) < 1e-10),
+    "q72": dict(hidden=12, experts=6, tokens=10, norm_k2=lambda v: v > 0.1,
+                fd_err=small(1e-6), norm_k1=0.0, norm_switch=lambda v: v > 0.1),
+    "q73": dict(tokens=640, experts=10, k=2, lean=0.9, f1=1.1, f2=1.6,
+                cap1=math.ceil(128 * 1.1), cap2=math.ceil(128 * 1.6),
+                drop1=lambda v: VALUES["q73"]["drop2"] < v < 0.5, drop2=lambda v: 0 < v,
+                pad1=lambda v: abs(v - (1 - 1280 * (1 - VALUES["q73"]["drop1"]) / 1410)) < 1e-12,
+                pad2=lambda v: abs(v - (1 - 1280 * (1 - VALUES["q73"]["drop2"]) / 2050)) < 1e-12,
+                busiest=lambda v: 205 < v <= 640, mean=128.0,
+                straggle=lambda v: abs(v - VALUES["q73"]["busiest"] / 128) < 1e-12),
+    "q74": dict(h=2048, f=1408, experts=64, k=6, shared=2816,
+                total_m=_moe_layer(*L74, 2816) / 1e6,
+                active_m=_moe_layer(*L74, 2816, active=True) / 1e6,
+                active0_m=_moe_layer(*L74, active=True) / 1e6,
+                shared_m=(2 * 2048 * 2816 + 2816 + 2048) / 1e6,
+                shared_pct=(2 * 2048 * 2816 + 2816 + 2048) / _moe_layer(*L74, 2816, active=True)),
+    "q75": dict(nodes=16, experts=192, k=7, kept=4, h=7168, tokens=4000,  # a row: 14.336 kB
+                free_nodes=lambda v: abs(v - _nodes_reached(16, 12, 7)) < 0.1,
+                limited_nodes=lambda v: 3 < v <= 4, over=lambda v: 0.5 < v < 1,
+                free_kb=lambda v: abs(v - 15 / 16 * _nodes_reached(16, 12, 7) * 14.336) < 1.5,
+                limited_kb=lambda v: v < VALUES["q75"]["free_kb"] and v <= 4 * 14.336,
+                rows_kb=7 * 7168 * 2 / 1e3),
+    "q76": dict(vocab=102400, h=2048, layers=28, first_dense=1, experts=64, k=6, f=1408,
+                shared=2816, dense_ffn=10944, total_b=_moe_gpt(*P76) / 1e9,
+                active_b=_moe_gpt(*P76, active=True) / 1e9,
+                active_pct=_moe_gpt(*P76, active=True) / _moe_gpt(*P76),
+                states_gb=16 * _moe_gpt(*P76) / 1e9, dense_gb=16 * _moe_gpt(*P76, active=True) / 1e9,
+                gflops=6 * _moe_gpt(*P76, active=True) / 1e9),
+    "q77": dict(tokens=2048, experts=32, k=4, ep=8, lean=1.1, h=4096,
+                busiest_rows=lambda v: 1024 < v <= 2048, mean_rows=1024.0,
+                expert_x=lambda v: abs(v - VALUES["q77"]["busiest_rows"] / 1024) < 1e-12,
+                a2a_us=lambda v: abs(v - (7 * NV_A + 7 * VALUES["q77"]["busiest_rows"] * ROW77
+                                          / NV_B) * 1e6) < 1e-6,
+                even_us=(7 * NV_A + 7 / 8 * 2048 * 4 * ROW77 / NV_B) * 1e6,
+                a2a_x=lambda v: abs(v - VALUES["q77"]["a2a_us"] / VALUES["q77"]["even_us"]) < 1e-12),
+    "q78": dict(m=5, alpha=0.02, excess_ratio=lambda v: abs(v - 4) < 1e-6,
+                rel=lambda v: v > 0.5, alpha_eff=5 * 0.02),
+})
+INHERENT.update({
+    "q67": [{"alpha", "balanced"}],  # the loss is the coefficient at balance
+})
+
+
 def placeholders(fmt):
     return [(name, spec) for _, name, spec, _ in string.Formatter().parse(fmt) if name]
 
@@ -578,9 +672,10 @@ def placeholders(fmt):
 def test_at_least_25_questions_and_4_per_lesson_12_and_8_for_pipelines():
     assert len(bank.QUESTIONS) >= 25
     per_lesson = collections.Counter(q.lesson for q in bank.QUESTIONS)
-    assert set(per_lesson) == {"00", "01", "02", "03", "04", "05", "06", "07"}
+    assert set(per_lesson) == {"00", "01", "02", "03", "04", "05", "06", "07", "08"}
     assert all(count >= 4 for count in per_lesson.values()), per_lesson
     assert per_lesson["05"] >= 12 and per_lesson["06"] >= 8 and per_lesson["07"] >= 12
+    assert per_lesson["08"] >= 12
     ids = [q.id for q in bank.QUESTIONS]
     assert ids == [f"q{i:02d}" for i in range(1, len(ids) + 1)]
     lessons = [q.lesson for q in bank.QUESTIONS]

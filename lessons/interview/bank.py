@@ -1,4 +1,4 @@
-"""Interview questions on lessons 00-07, each answered with numbers minipar computes.
+"""Interview questions on lessons 00-08, each answered with numbers minipar computes.
 
     python lessons/interview/bank.py                 every question, with its answer
     python lessons/interview/bank.py --lesson 03     the questions on lesson 03
@@ -10,8 +10,8 @@ both format strings, and `compute`, which takes the example data and returns the
 the answer shows: from minipar's planning formulas (minipar.plan), its cost model
 (minipar.runtime.cost), the pipeline schedules and their dry run (minipar.parallel.pp),
 and small runs on simulated devices (minipar.launch). Nothing in an answer is typed in by
-hand: change the example data and every number follows. Lesson 06's and 07's questions
-live in bank_06.py and bank_07.py beside this file, loaded below; the command and
+hand: change the example data and every number follows. Lesson 06's, 07's and 08's
+questions live in bank_06.py, bank_07.py and bank_08.py beside this file, loaded below; the command and
 QUESTIONS hold them all.
 
 The example data are deliberately uneven (13B on 24 GPUs, 96 MiB over 6 ranks, s = 3000,
@@ -63,7 +63,8 @@ US, MS = 1e-6, 1e-3
 LESSONS = {"00": "The memory wall", "01": "Collectives", "02": "Data parallelism",
            "03": "ZeRO and FSDP", "04": "Tensor and sequence parallelism",
            "05": "Pipeline parallelism", "06": "Zero-bubble pipelines and DualPipe",
-           "07": "3-D composition and topology"}
+           "07": "3-D composition and topology",
+           "08": "Mixture of experts and expert parallelism"}
 
 
 @dataclass(frozen=True)
@@ -1761,6 +1762,8 @@ bank_06 = load_part("bank_06.py")  # lesson 06: zero-bubble pipelines and DualPi
 QUESTIONS += [Question(**entry) for entry in bank_06.ENTRIES]
 bank_07 = load_part("bank_07.py")  # lesson 07: 3-D composition and topology
 QUESTIONS += [Question(**entry) for entry in bank_07.ENTRIES]
+bank_08 = load_part("bank_08.py")  # lesson 08: mixture of experts and expert parallelism
+QUESTIONS += [Question(**entry) for entry in bank_08.ENTRIES]
 
 
 # ---- printing -------------------------------------------------------------------------
@@ -1781,7 +1784,7 @@ def format_entry(q: Question, show_answer: bool = True, width: int = 92) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description="Interview questions on lessons 00-07, "
+    parser = argparse.ArgumentParser(description="Interview questions on lessons 00-08, "
                                      "answered with numbers minipar computes.")
     parser.add_argument("--lesson", help="only this lesson's questions (e.g. 03)")
     parser.add_argument("--id", help="only this question (e.g. q21)")

@@ -9,8 +9,9 @@
     dp_shard      data-parallel ranks among which ZeRO / FSDP partition their states
     tp            Megatron tensor parallelism (+ sequence parallelism on the same group)
     pp            pipeline stages (parallelize builds each rank's stages and a runner)
-    cp, ep        context and expert parallelism: their groups can be built, but
-                  `parallelize` accepts them at 1 only until their forms land
+    cp, ep        context and expert parallelism: their groups can be built; ep > 1
+                  trains mixtures of experts (mesh/experts.py), cp is accepted at 1 only
+                  until its form lands
 
 Rank order. Megatron spells a layout fastest dimension first, `order="tp-cp-ep-dp-pp"`: tp
 varies fastest, so a tensor-parallel group holds consecutive ranks and sits inside a node;
