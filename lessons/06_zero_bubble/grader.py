@@ -12,6 +12,7 @@ import numpy as np
 from hypothesis import given, strategies as st
 
 import minipar as mp
+from minipar.course.grading import learner
 from minipar.course.grading import (SETTINGS, GradeFailure, exercise, expect_close,
                                     expect_within, world_sizes)
 from minipar.course.grading import read_schedule as read_actions
@@ -71,15 +72,6 @@ def flops_of(ctx, start: int) -> dict:
         out[kind] += e.flops
     return out
 
-
-def learner(what: str, fn, *args):
-    """Call the learner's function; a crash is reported with the shapes it was given."""
-    try:
-        return fn(*args)
-    except (GradeFailure, NotImplementedError):
-        raise
-    except Exception as e:  # noqa: BLE001 (the learner's bug, in their terms)
-        raise GradeFailure(f"{what} raised {type(e).__name__}: {e}") from None
 
 
 def exact(got, want, what: str, hint: str) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import assume, given, strategies as st
 
 import minipar as mp
+from minipar.course.grading import learner
 from minipar.course.grading import (SETTINGS, GradeFailure, exercise, expect_close,
                                     expect_within, on_ranks, world_sizes)
 from minipar.nn import GPT, GPTConfig
@@ -17,15 +18,6 @@ from minipar.programs.incidents.tp_across_nodes import inter_node_bytes
 
 NAMES = ("tp", "dp", "pp")
 
-
-def learner(what: str, fn, *args):
-    """Call the learner's function; a crash is reported with what it was given."""
-    try:
-        return fn(*args)
-    except (GradeFailure, NotImplementedError):
-        raise
-    except Exception as e:  # noqa: BLE001 (the learner's bug, in their terms)
-        raise GradeFailure(f"{what} raised {type(e).__name__}: {e}") from None
 
 
 # ---- exercise 7.1: a rank's groups from its coordinates -----------------------------------

@@ -163,3 +163,15 @@ def expect_within(value: float, budget: float, *, what: str, unit: str = "",
         pct = f" ({100 * over / budget:.3g} %)" if budget > 0 and np.isfinite(value) else ""
         raise GradeFailure(f"{_where(rank)}{what} is {value:.6g}{u}, over its budget of "
                            f"{budget:.6g}{u} by {over:.3g}{u}{pct}. {hint}".rstrip())
+
+
+def learner(what: str, fn, *args):
+    """Call the learner's function; a crash is reported as a GradeFailure saying what was
+    called (`what`), not as the grader's own traceback. GradeFailure and NotImplementedError
+    (an exercise not done yet) pass through."""
+    try:
+        return fn(*args)
+    except (GradeFailure, NotImplementedError):
+        raise
+    except Exception as e:  # noqa: BLE001 (the learner's bug, in their terms)
+        raise GradeFailure(f"{what} raised {type(e).__name__}: {e}") from None

@@ -155,9 +155,12 @@ def test_any_dp_x_ep_layout_trains_like_one_device(ep, replicas, E, k, factor, s
     want_losses, _, want, _ = reference(cfg, data, dims.dp, m, False)
     res = parallel(cfg, dims, data, m)
     close(np.mean([r[0] for r in res], axis=0), want_losses, "losses")
+    seen = set()
     for r in res:
         for name, value in r[2].items():
-            close(value, want[name], name)
+            close(value, want[name], name)  # assert_allclose, per array
+            seen.add(name)
+    assert seen == set(want)  # every parameter is held by some rank and compared
 
 
 def test_the_known_bugs_fail(monkeypatch):
