@@ -9,7 +9,8 @@
                   [--chunks V] [--tp N] [--sp] [--order ORDER]
                   [--nodes N] [--gpus-per-node G] [--make-vocab-size-divisible-by N]
                   [--experts E] [--top-k K] [--ep N] [--capacity-factor F] [--moe-every J]
-                  [--aux-loss-coeff A] [--z-loss-coeff Z] [--bias-update-rate G]
+                  [--aux-loss-coeff A] [--global-aux-loss] [--z-loss-coeff Z]
+                  [--bias-update-rate G]
                   [--sample N] [--temperature T] [--prompt TEXT] [--quiet]
     minipar lessons [list | open NN | build [--check] [--force] [NN ...] | corpus [NN ...]]
     minipar grade NN [--impl exercise|solution|PATH] [--time-limit SECONDS]
@@ -328,6 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="every J-th block is an MoE, from block 0 (1)")
     moe.add_argument("--aux-loss-coeff", metavar="A", type=_nonnegative_float, default=0.01,
                      help="the load-balancing loss's weight, GShard/Switch (0.01)")
+    moe.add_argument("--global-aux-loss", action="store_true",
+                     help="measure that loss's expert loads over every data-parallel rank's "
+                          "micro-batch (Megatron's global_aux_loss), not each rank's own")
     moe.add_argument("--z-loss-coeff", metavar="Z", type=_nonnegative_float, default=0.0,
                      help="the router z-loss's weight, ST-MoE (0)")
     moe.add_argument("--bias-update-rate", metavar="G", type=_nonnegative_float, default=0.0,

@@ -658,9 +658,14 @@ EXPECTED.update({
                 a2a_x=lambda v: abs(v - VALUES["q77"]["a2a_us"] / VALUES["q77"]["even_us"]) < 1e-12),
     "q78": dict(m=5, alpha=0.02, excess_ratio=lambda v: abs(v - 4) < 1e-6,
                 rel=lambda v: v > 0.5, alpha_eff=5 * 0.02),
+    "q79": dict(dp=4, experts=8, k=2, tokens=64, lean=2.0,
+                whole=lambda v: 1.0 <= v < 1.2,  # nearer balance over the whole batch
+                local=lambda v: v > 1.2 * VALUES["q79"]["whole"],
+                global_=lambda v: abs(v - VALUES["q79"]["whole"]) < 1e-12),
 })
 INHERENT.update({
     "q67": [{"alpha", "balanced"}],  # the loss is the coefficient at balance
+    "q79": [{"whole", "global_"}],  # the summed counts give the global loss exactly
 })
 
 

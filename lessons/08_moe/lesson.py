@@ -38,6 +38,7 @@ from minipar.optim import AdamW, clip_grad_norm_
 from minipar.parallel import ParallelDims, parallelize
 from minipar.parallel.ep import ExpertParallelMoE
 from minipar.plan import model_state_bytes
+from minipar.plan.moe import DEEPSEEK_V3
 from minipar.runtime.cost import BUSBW_FACTOR, bytes_sent, collective_cost
 
 np.set_printoptions(precision=3, suppress=True)
@@ -275,6 +276,32 @@ accum_err = np.abs(grads[True] - grads[False]).max() / np.abs(grads[False]).max(
 print(f"the planted bug moves the router's gradient by {accum_err:.0%} of its largest entry")
 
 # %% [markdown]
+# Over which tokens is the balance measured? Each forward computes the losses on the
+# tokens it routes: under data parallelism, one rank's block of one micro-batch. The mean
+# of the ranks' E·Σ f_i·P_i is not the global batch's (a mean of products is not a
+# product of means), and a small block measures balance noisily. Megatron-LM's
+# `global_aux_loss` sums the counts c_i over the data-parallel ranks before the loss, keeps
+# each rank's own P, and the averaged gradients are then those of one device routing every
+# rank's tokens at once; here `MoEConfig(global_aux_loss=True)`, proven against that
+# device in tests/parallel/mesh/test_moe.py. On four blocks of drawn routing:
+
+# %%
+draw = np.random.default_rng(8)
+blocks = []
+for r in range(4):  # each block favours another expert
+    block_logits = draw.standard_normal((16, 4)) + 2.0 * np.eye(4)[r]  # [16, E]
+    block_probs = np.exp(block_logits) / np.exp(block_logits).sum(axis=1, keepdims=True)
+    blocks.append((block_probs, np.argsort(-block_probs, axis=1)[:, :2]))
+all_probs = np.concatenate([p for p, _ in blocks])
+all_topk = np.concatenate([t for _, t in blocks])
+whole = switch_aux_loss(all_probs, all_topk, 1.0)[0]
+local = np.mean([switch_aux_loss(p, t, 1.0)[0] for p, t in blocks])
+summed = expert_counts(all_topk, 4)
+global_ = np.mean([switch_aux_loss(p, t, 1.0, summed)[0] for p, t in blocks])
+print(f"the global batch's loss {whole:.4f}; the mean of the blocks' own {local:.4f}; "
+      f"with the counts summed over the blocks {global_:.4f}")
+
+# %% [markdown]
 # ## 6. Expert parallelism: the all-to-all dispatch
 #
 # With ep ranks, rank p holds experts p·L .. p·L + L − 1 (L = E/ep) and routes its own
@@ -423,11 +450,26 @@ print(f"total {tiny[0]:,}, active {tiny[1]:,}, the dense model {tiny[2]:,}")
 
 # %% [markdown]
 # DeepSeek-V3's report gives **671B parameters in total and 37B activated per token**
-# (published figures). Its published configuration in a GPTConfig: h = 7168, 61 blocks of which
-# the first 3 are dense (width 18432), 256 routed experts and 1 shared, each of width
-# 2048, top-8 within 4 of 8 groups, a vocabulary of 129,280. Its experts are SwiGLU, three
-# h × f matrices, where minipar's MLP has two: a SwiGLU of width f has the weights of a
-# two-matrix MLP of width 1.5 f, so the widths below are 1.5 times the published ones.
+# (published figures). `minipar.plan.moe` counts its published architecture as it is
+# built: multi-head latent attention (low-rank query and key-value projections), SwiGLU
+# feed-forward layers of three matrices without biases, 61 blocks of which the first 3 are
+# dense (width 18432), 256 routed experts and 1 shared in each of the others, each of width
+# 2048, top 8, a vocabulary of 129,280, RMSNorm gains. Counted, not typed in:
+
+# %%
+v3_total, v3_active = DEEPSEEK_V3.total_parameters(), DEEPSEEK_V3.active_parameters()
+v3 = (v3_total / 1e9, v3_active / 1e9)
+v3_states = model_state_bytes(v3_total, 0, 1)["total"] / 1e12  # bf16 + Adam, 16 B a weight
+v3_flops = DEEPSEEK_V3.flops_per_token()  # training FLOPs a token, weights only
+print(f"DeepSeek-V3 counted: {v3_total:,} total ({v3[0]:.1f}B), {v3_active:,} active "
+      f"({v3[1]:.1f}B, {v3_active / v3_total:.1%} of the weights a token); model states "
+      f"{v3_states:.1f} TB; {v3_flops:.2e} training FLOPs a token")
+
+# %% [markdown]
+# minipar's trainable GPT has plain multi-head attention, learned positions and two-matrix
+# MLPs with biases. The same widths in a GPTConfig (a SwiGLU of width f holds the weights
+# of a two-matrix MLP of width 1.5 f, so the widths are 1.5 times the published ones) give
+# a neighbour, not the model: the attention alone differs by billions.
 
 # %%
 V3 = GPTConfig(vocab_size=129280, seq_len=4096, hidden=7168, num_heads=128, num_layers=61,
@@ -435,19 +477,14 @@ V3 = GPTConfig(vocab_size=129280, seq_len=4096, hidden=7168, num_heads=128, num_
                moe=MoEConfig(num_experts=256, top_k=8, first_dense=3, ffn_hidden=2048 * 3 // 2,
                              shared_ffn_hidden=2048 * 3 // 2, score_function="sigmoid",
                              num_groups=8, topk_groups=4, scaling_factor=2.5))
-v3 = (V3.num_parameters() / 1e9, V3.num_active_parameters() / 1e9)
-v3_states = model_state_bytes(V3.num_parameters(), 0, 1)["total"] / 1e12  # bf16 + Adam
-v3_flops = 6 * V3.num_active_parameters()  # training FLOPs a token, weights only
-print(f"minipar's count: {v3[0]:.1f}B total, {v3[1]:.1f}B active "
-      f"({v3[1] / v3[0]:.1%} of the weights a token); model states {v3_states:.1f} TB; "
-      f"{v3_flops:.2e} training FLOPs a token")
+v3_gpt = (V3.num_parameters() / 1e9, V3.num_active_parameters() / 1e9)
+print(f"as a minipar GPT: {v3_gpt[0]:.1f}B total, {v3_gpt[1]:.1f}B active")
 
 # %% [markdown]
-# Close to the published pair, not equal: minipar's attention is plain multi-head
-# attention, not DeepSeek's latent attention, and it adds learned positions. What such a
-# pair means: a token costs the FLOPs of a dense model of the active size (6 a weight to
-# train), while every weight must be held (16 bytes each in bf16 with Adam): memory
-# follows the total, compute the active count, and expert parallelism spreads the total.
+# What such a pair means: a token costs the FLOPs of a dense model of the active size (6 a
+# weight to train), while every weight must be held (16 bytes each in bf16 with Adam):
+# memory follows the total, compute the active count, and expert parallelism spreads the
+# total.
 
 # %% [markdown]
 # ## Exercises
@@ -472,7 +509,9 @@ print(f"minipar's count: {v3[0]:.1f}B total, {v3[1]:.1f}B active "
 # - The aux loss is α at perfect balance because f_i divides by T·k; sequence-wise and
 #   batch-wise losses see different imbalance; the z-loss sees what softmax ignores.
 # - The aux-loss-free bias evens a skewed router within tens of steps, without gradients;
-#   under gradient accumulation the balancing losses take the micro-batch's 1/m too.
+#   under gradient accumulation the balancing losses take the micro-batch's 1/m too;
+#   measured over each rank's block, the aux loss is not the global batch's until the
+#   counts are summed over dp (`global_aux_loss`).
 # - EP: counts first, rows with uneven splits, sorted by local expert; (n − 1)/n of the
 #   rows leave a rank; the busiest expert sets the pace.
 # - dp × ep: experts are averaged over edp and scaled by 1/ep; dense parts over dp.

@@ -294,6 +294,24 @@ def q78(m, alpha):
             "rel": float(np.abs(excess).max() / np.abs(right).max()), "alpha_eff": m * alpha}
 
 
+def q79(dp, experts, k, tokens, lean):
+    """The aux loss of dp blocks that each favour another expert: the global batch's, the
+    mean of the blocks' own, and with the counts summed over the blocks."""
+    g = np.random.default_rng(8)
+    blocks = []
+    for r in range(dp):
+        logits = g.standard_normal((tokens, experts)) + lean * np.eye(experts)[r % experts]
+        probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        blocks.append((probs, np.argsort(-probs, axis=1)[:, :k]))
+    probs = np.concatenate([p for p, _ in blocks])
+    topk = np.concatenate([t for _, t in blocks])
+    summed = expert_counts(topk, experts)
+    return {"whole": switch_aux_loss(probs, topk, 1.0)[0],
+            "local": float(np.mean([switch_aux_loss(p, t, 1.0)[0] for p, t in blocks])),
+            "global_": float(np.mean([switch_aux_loss(p, t, 1.0, summed)[0]
+                                      for p, t in blocks]))}
+
+
 def entry(id, given, question, answer, compute):
     return dict(id=id, lesson="08", given=given, question=question, answer=answer,
                 compute=compute)
@@ -469,4 +487,19 @@ ENTRIES = [
         "error grows with m: a bug that appears when the batch settings change. Megatron's "
         "MoEAuxLossAutoScaler (minipar's loss_scale) carries the 1/m to them.",
         q78),
+    entry(
+        "q79", dict(dp=4, experts=8, k=2, tokens=64, lean=2.0),
+        "dp = {dp} ranks each compute the load-balancing loss (α = 1, {experts} experts, "
+        "top-{k}) on their own {tokens} tokens, and each rank's tokens lean toward another "
+        "expert (a logit bonus of {lean}). Is the mean of their losses the global batch's? "
+        "What would make it so?",
+        "No. The loss is E·Σ f_i·P_i, a product of two means, and the mean of products is "
+        "not the product of means: the ranks' own losses average {local:.3f}, the global "
+        "batch's is {whole:.3f}. Every rank sees more imbalance than the batch holds (1 "
+        "is perfect balance), and the router is pushed to fix what is not there. Summing the counts c_i over dp before "
+        "the loss (one all-reduce of E numbers a layer) and keeping each rank's own P gives "
+        "{global_:.3f}, the global value exactly, and the gradients averaged over dp become "
+        "the global batch's: Megatron's global_aux_loss (minipar's "
+        "MoEConfig(global_aux_loss=True)). f has no gradient, so nothing else changes.",
+        q79),
 ]

@@ -235,8 +235,13 @@ def tp_in_flags(text: str) -> str:
 def moe_flag_error(args) -> Optional[str]:
     """What `minipar train` must refuse in the mixture-of-experts flags, in flag names."""
     if args.experts == 0:
+        if args.global_aux_loss:
+            return "--global-aux-loss balances experts, and --experts is 0: give --experts E"
         return None if args.ep == 1 else (f"--ep {args.ep} spreads experts over ranks, and "
                                           f"--experts is 0: give --experts E")
+    if args.global_aux_loss and args.aux_loss_coeff == 0:
+        return ("--global-aux-loss measures the aux loss over the global batch, and "
+                "--aux-loss-coeff is 0 (no aux loss): give --aux-loss-coeff > 0")
     if args.top_k > args.experts:
         return f"--top-k {args.top_k} is more than --experts {args.experts}"
     if args.dp % args.ep or args.experts % args.ep:

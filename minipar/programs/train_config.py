@@ -75,7 +75,8 @@ class TrainConfig:
     make-vocab-size-divisible-by) on every layout alike, so that tp can split it.
     Mixture of experts (`experts` > 0): every `moe_every`-th block routes each token to
     `top_k` of `experts` MLPs (dropless, or `capacity_factor`), with the auxiliary loss
-    (`aux_loss_coeff`), the z-loss and the aux-loss-free bias (`bias_update_rate`); the
+    (`aux_loss_coeff`, over every dp rank's tokens with `global_aux_loss`), the z-loss and
+    the aux-loss-free bias (`bias_update_rate`); the
     experts spread over `ep` data-parallel ranks (nn/moe, parallel/ep; DDP, no SP).
     """
 
@@ -112,6 +113,7 @@ class TrainConfig:
     capacity_factor: Optional[float] = None
     moe_every: int = 1
     aux_loss_coeff: float = 0.01
+    global_aux_loss: bool = False
     z_loss_coeff: float = 0.0
     bias_update_rate: float = 0.0
 
@@ -252,7 +254,8 @@ class TrainConfig:
             return None
         return MoEConfig(num_experts=self.experts, top_k=self.top_k, moe_every=self.moe_every,
                          capacity_factor=self.capacity_factor,
-                         aux_loss_coeff=self.aux_loss_coeff, z_loss_coeff=self.z_loss_coeff,
+                         aux_loss_coeff=self.aux_loss_coeff,
+                         global_aux_loss=self.global_aux_loss, z_loss_coeff=self.z_loss_coeff,
                          bias_update_rate=self.bias_update_rate)
 
     def _check_pipeline(self) -> None:

@@ -89,7 +89,7 @@ def summary(cfg, r) -> list[str]:
             f"{[i for i in range(m.num_layers) if e.is_moe_block(i)]}, top {e.top_k}, {cap}, "
             f"over ep {cfg.ep}: {m.num_active_parameters():,} of the "
             f"{m.num_parameters():,} parameters active per token; aux loss "
-            f"{e.aux_loss_coeff:g}, z-loss {e.z_loss_coeff:g}, bias rate {e.bias_update_rate:g}")
+            f"{e.aux_loss_coeff:g}{' (global batch)' if e.global_aux_loss else ''}, z-loss {e.z_loss_coeff:g}, bias rate {e.bias_update_rate:g}")
     if cfg.parallel:
         lines += [f"  layout          {layout(cfg)}", f"  cluster         {r.topology}"]
     if cfg.pipelined:

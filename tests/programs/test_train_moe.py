@@ -43,11 +43,26 @@ def test_dp_x_ep_trains_and_the_routers_biases_reach_the_trained_model():
         p.name for p in r.model.parameters())  # every expert came back from its owner
 
 
+@pytest.mark.timeout(60)
+def test_the_global_aux_loss_flag_reaches_the_moe_config_and_the_report(capsys):
+    main(["train", *FLAGS, "--experts", "4", "--dp", "2", "--ep", "2", "--global-aux-loss",
+          "--dtype", "float64"])
+    out = capsys.readouterr().out
+    assert "aux loss 0.01 (global batch)" in out
+    cfg = TrainConfig(**{**TINY, "steps": 2}, dp=2, ep=2, global_aux_loss=True)
+    assert cfg.moe_config().global_aux_loss
+    r = train_parallel(cfg)
+    assert np.isfinite(r.grad_norms).all()
+
+
 @pytest.mark.parametrize("flags, match", [
     (["--ep", "2", "--dp", "2"], "--ep 2 spreads experts over ranks, and --experts is 0"),
     (["--experts", "2", "--top-k", "3"], "--top-k 3 is more than --experts 2"),
     (["--experts", "3", "--ep", "2", "--dp", "2"], r"try --ep in \[1\]"),
     (["--experts", "4", "--dp", "2", "--zero", "1"], "leave out --zero and --sp"),
+    (["--global-aux-loss"], "--global-aux-loss balances experts, and --experts is 0"),
+    (["--experts", "4", "--global-aux-loss", "--aux-loss-coeff", "0"],
+     "--aux-loss-coeff is 0 \\(no aux loss\\)"),
     (["--experts", "4", "--ep", "2", "--dp", "2", "--checkpoint-dir", "x"],
      "checkpoints of experts spread over ranks are not written yet"),
 ])

@@ -37,6 +37,7 @@ the loss is a Python float and each gradient has its input's dtype.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -53,13 +54,19 @@ def expert_counts(topk: np.ndarray, num_experts: int) -> np.ndarray:
     return np.bincount(topk.reshape(-1), minlength=int(num_experts)).astype(np.int64)
 
 
-def switch_aux_loss(probs: np.ndarray, topk: np.ndarray, coeff: float
-                    ) -> tuple[float, np.ndarray]:
+def switch_aux_loss(probs: np.ndarray, topk: np.ndarray, coeff: float,
+                    counts: Optional[np.ndarray] = None) -> tuple[float, np.ndarray]:
     """L = coeff · E · Σ_i f_i · P_i, f_i = c_i / (T·k), P_i = mean_t probs[t, i]. -> (L, dp)
 
     GShard (Lepikhin et al. 2020) and Switch Transformer (Fedus et al. 2021, section
     2.2), normalised for top-k as in Megatron-LM. probs: [T, E], topk: int [T, k]
     -> dprobs: [T, E], every row coeff · E · f / T, in probs' dtype.
+
+    counts: the c_i that f is measured on, f_i = c_i / Σ_j c_j (default: this topk's own,
+    Σ c = T·k). The global-batch loss passes the counts summed over the data-parallel
+    ranks (Megatron-LM's global_aux_loss; Qiu et al. 2025, "Demons in the Detail"): each
+    rank's L then uses the global f with its own P, and the mean of the ranks' L and of
+    their gradients is the loss of one device routing all their tokens.
     """
     coeff = _check_coeff(coeff, "switch_aux_loss")
     probs = _check_probs(probs, "switch_aux_loss", "probs")
@@ -67,7 +74,11 @@ def switch_aux_loss(probs: np.ndarray, topk: np.ndarray, coeff: float
     topk = _check_topk(topk, E, T, "switch_aux_loss")
     k = topk.shape[1]
     ct = compute_dtype(probs.dtype)
-    f = expert_counts(topk, E).astype(ct) / (T * k)  # f: [E], sums to 1
+    if counts is None:
+        f = expert_counts(topk, E).astype(ct) / (T * k)  # f: [E], sums to 1
+    else:
+        f = _check_counts(counts, E).astype(ct)
+        f = f / f.sum()  # f: [E], the group's choices, sums to 1
     P = probs.astype(ct, copy=False).sum(axis=0) / T  # P: [E], sums to 1 for normalised rows
     loss = coeff * E * float(np.dot(f, P))
     row = coeff * E * f / T  # row: [E], dL/dprobs[t] for every token t
@@ -160,6 +171,16 @@ def update_expert_bias(bias: np.ndarray, counts: np.ndarray, rate: float) -> np.
     step = np.sign(c.mean() - c)  # step: [E], -1 overloaded, +1 underloaded, 0 at the mean
     new = bias.astype(ct) + (float(rate) * step).astype(ct)  # new: [E], a fresh array
     return new.astype(bias.dtype, copy=False)
+
+
+def _check_counts(counts, num_experts: int) -> np.ndarray:
+    counts = np.asarray(counts)
+    if counts.shape != (num_experts,) or not np.issubdtype(counts.dtype, np.number) \
+            or not np.all(np.isfinite(counts)) or (counts < 0).any() or counts.sum() <= 0:
+        raise ValueError(f"switch_aux_loss: counts must be the E = {num_experts} experts' "
+                         f"choices, [{num_experts}] finite, >= 0, not all zero; got shape "
+                         f"{counts.shape}: {np.asarray(counts).tolist()}")
+    return counts
 
 
 def _is_real(x) -> bool:

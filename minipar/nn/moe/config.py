@@ -36,6 +36,7 @@ class MoEConfig:
     drop_policy: str = "probs"  # "probs" | "position"
     pad_to_capacity: bool = False
     aux_loss_coeff: float = 0.0  # GShard / Switch load-balancing loss
+    global_aux_loss: bool = False  # its f over all data-parallel ranks' tokens (the mesh)
     seq_aux_loss_coeff: float = 0.0  # DeepSeek-V3's sequence-wise balance loss
     z_loss_coeff: float = 0.0  # ST-MoE's router z-loss
     shared_ffn_hidden: int = 0  # shared experts' width (0: none)
@@ -73,6 +74,13 @@ class MoEConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
                     or v < 0:
                 raise ValueError(f"MoEConfig.{name} must be a finite number >= 0, got {v!r}")
+        if not isinstance(self.global_aux_loss, bool):
+            raise ValueError(f"MoEConfig.global_aux_loss must be True or False, got "
+                             f"{self.global_aux_loss!r}")
+        if self.global_aux_loss and not self.aux_loss_coeff:
+            raise ValueError("MoEConfig.global_aux_loss measures the aux loss's f over the "
+                             "global batch, but aux_loss_coeff is 0 (no aux loss): give "
+                             "aux_loss_coeff > 0, or leave global_aux_loss False")
         if isinstance(self.shared_ffn_hidden, bool) or not isinstance(self.shared_ffn_hidden,
                                                                       int) \
                 or self.shared_ffn_hidden < 0:

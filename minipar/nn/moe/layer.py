@@ -18,14 +18,16 @@ gradients enter the router in the backward, multiplied by `loss_scale`, the weig
 model's loss has in the backward (1/m for m accumulated micro-batches: the main loss is
 averaged over them and so must the auxiliary one be; Megatron's MoEAuxLossAutoScaler does
 the same with a global scale). They are computed over the tokens of one forward: the
-micro-batch of one rank.
+micro-batch of one rank. With `reduce_counts` (MoEConfig.global_aux_loss, set by the mesh)
+the switch loss's f is the global batch's instead: the counts of every data-parallel rank's
+micro-batch, summed, as one device routing them all would measure it.
 
 No dropout inside: the layer draws nothing from `rng`.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -33,7 +35,8 @@ from ..mlp import MLP
 from ..module import Module
 from ..saved import Saved
 from ..weight_grads import WeightGradStore
-from .balancing import sequence_aux_loss, switch_aux_loss, update_expert_bias, z_loss
+from .balancing import (expert_counts, sequence_aux_loss, switch_aux_loss,
+                        update_expert_bias, z_loss)
 from .dispatch import (DROP_POLICIES, capacity, permute, permute_backward, plan_routing,
                        unpermute, unpermute_backward)
 from .experts import Experts
@@ -53,10 +56,13 @@ class MoE(Module):
                  drop_policy: str = "probs", pad_to_capacity: bool = False,
                  aux_loss_coeff: float = 0.0, seq_aux_loss_coeff: float = 0.0,
                  z_loss_coeff: float = 0.0, shared_ffn_hidden: int = 0, gelu: str = "tanh",
-                 seed: int = 0, dtype=np.float64, std: float = 0.02, out_std: float = 0.02):
+                 seed: int = 0, dtype=np.float64, std: float = 0.02, out_std: float = 0.02,
+                 reduce_counts: Optional[Callable[[np.ndarray], np.ndarray]] = None):
         """ffn_hidden: each routed expert's width; shared_ffn_hidden: the width of the
         shared experts, run on every token (0: none; DeepSeek-V3's one shared expert has
-        the routed width). capacity_factor None: dropless."""
+        the routed width). capacity_factor None: dropless. reduce_counts: how the aux
+        loss's choice counts [E] become the global batch's (the mesh's sum over the
+        data-parallel ranks); None: this forward's own tokens."""
         if drop_policy not in DROP_POLICIES:
             raise ValueError(f"drop_policy must be one of {DROP_POLICIES}, got {drop_policy!r}")
         if pad_to_capacity and capacity_factor is None:
@@ -73,6 +79,7 @@ class MoE(Module):
         self.pad_to_capacity = pad_to_capacity
         self.aux_loss_coeff, self.seq_aux_loss_coeff = aux_loss_coeff, seq_aux_loss_coeff
         self.z_loss_coeff = z_loss_coeff
+        self.reduce_counts = reduce_counts
         self.router = TopKRouter(f"{name}.router", hidden, num_experts, top_k,
                                  score_function, normalize, scaling_factor, num_groups,
                                  topk_groups, seed, dtype, std)
@@ -125,7 +132,10 @@ class MoE(Module):
             probs = aux_probs(s_router.scores, sf)  # probs: [T, E]
             dprobs = np.zeros_like(probs)
             if self.aux_loss_coeff:
-                loss, d = switch_aux_loss(probs, chosen, self.aux_loss_coeff)
+                counts = None
+                if self.reduce_counts is not None:  # the global batch's f
+                    counts = self.reduce_counts(expert_counts(chosen, self.num_experts))
+                loss, d = switch_aux_loss(probs, chosen, self.aux_loss_coeff, counts)
                 self.aux_losses["load_balancing"] = loss
                 dprobs += d
             if self.seq_aux_loss_coeff:

@@ -36,7 +36,10 @@ What each rank computes, and why:
 - The router's tokens_per_expert counts this rank's choices; the aux-loss-free bias
   update wants them summed over the step's ranks (balancing.update_expert_bias).
 
-pad_to_capacity is refused under ep > 1 (not implemented here). With a `store`, the
+pad_to_capacity: each rank pads every expert's rows to its capacity before the exchange,
+so every all-to-all split is C rows an expert (static shapes, as Megatron's
+moe_pad_expert_input_to_capacity); the padding rows are zeros, carry no gradient and are
+dropped by the unpermute. With a `store`, the
 expert weights' gradients wait for its W; the all-to-alls stay in I (the input
 gradient's path): the other ranks' input gradients wait for them.
 """
@@ -94,17 +97,10 @@ class ExpertParallelMoE(MoE):
     loss_scale=1.0) -> dx, aux_losses, last_plan and parameters() are MoE's."""
 
     def __init__(self, name: str, hidden: int, ffn_hidden: int, num_experts: int,
-                 top_k: int = 2, *, group: ProcessGroup, pad_to_capacity: bool = False,
-                 **kwargs):
+                 top_k: int = 2, *, group: ProcessGroup, **kwargs):
         num_local_experts(num_experts, group)  # a ProcessGroup this rank is in, E % ep == 0
-        if pad_to_capacity and group.size > 1:
-            raise ValueError(f"{name}: pad_to_capacity=True under expert parallelism (group "
-                             f"{group}, ep = {group.size}) is not implemented here; expected "
-                             f"pad_to_capacity=False (dropless, or capacity_factor with "
-                             f"drops and no padding), or ep = 1")
         self.group = group  # read by build_experts, which MoE.__init__ calls
-        super().__init__(name, hidden, ffn_hidden, num_experts, top_k,
-                         pad_to_capacity=pad_to_capacity, **kwargs)
+        super().__init__(name, hidden, ffn_hidden, num_experts, top_k, **kwargs)
 
     def build_experts(self, name: str, hidden: int, ffn_hidden: int, num_experts: int,
                       gelu: str, seed: int, dtype, std: float, out_std: float

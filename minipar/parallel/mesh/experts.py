@@ -9,7 +9,10 @@ nothing of each other):
                                     sequence, on the pipeline rank that holds block i
     which tokens it routes          the rank's own block of each micro-batch: capacity,
                                     drops and the balancing losses are those of that token
-                                    group, as one device routing each group on its own
+                                    group, as one device routing each group on its own;
+                                    with MoEConfig.global_aux_loss, the aux loss's counts
+                                    summed over dp first (every rank's block of the same
+                                    micro-batch: one device routing the micro-batch whole)
     how its gradients reduce        router and shared experts: dense, averaged over dp;
                                     experts: averaged over groups.edp (the ranks holding
                                     the same experts) and scaled by 1/ep (dp/experts.py)
@@ -58,7 +61,12 @@ def moe_factory(cfg: GPTConfig, groups: ParallelGroups) -> Callable[[int], objec
     def factory(i: int):
         if not cfg.moe.is_moe_block(i):
             return None
-        return moe_layer(f"{block_unit(i)}.mlp", cfg, ExpertParallelMoE, group=groups.ep)
+        return moe_layer(f"{block_unit(i)}.mlp", cfg, ExpertParallelMoE, group=groups.ep,
+                         reduce_counts=reduce)
+    reduce = None  # the aux loss's f over this rank's micro-batch
+    if cfg.moe.global_aux_loss and groups.dp.size > 1:
+        def reduce(counts):  # ... or over every dp rank's micro-batch (one per rank, lockstep)
+            return all_reduce(counts.astype(np.float64), "sum", group=groups.dp)
     return factory
 
 

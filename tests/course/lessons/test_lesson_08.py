@@ -151,6 +151,11 @@ def test_dp_times_ep_needs_the_one_over_ep(lesson):
     assert lesson["drift"][1 / ep] < 1e-9 < 1e-5 < lesson["drift"][1.0]
 
 
+def test_the_global_batch_aux_loss_is_the_mean_with_summed_counts(lesson):
+    assert lesson["global_"] == pytest.approx(lesson["whole"], rel=1e-12)
+    assert lesson["local"] > 1.2 * lesson["whole"]  # the blocks each favour an expert
+
+
 def test_total_and_active_parameters(lesson):
     def count(V, s, h, layers, moe_blocks, f, f_expert, E, k, shared=0, active=False):
         attn = 4 * h * h + 4 * h + 4 * h  # qkv and proj with biases, two LayerNorms
@@ -164,10 +169,12 @@ def test_total_and_active_parameters(lesson):
     assert active == count(32, 8, 16, 4, 2, 64, 64, 8, 2, active=True)
     assert dense == count(32, 8, 16, 4, 0, 64, 64, 8, 2)
     args = (129280, 4096, 7168, 61, 58, 27648, 3072, 256, 8, 3072)
-    assert lesson["v3"][0] == pytest.approx(count(*args) / 1e9, rel=1e-12)
-    assert lesson["v3"][1] == pytest.approx(count(*args, active=True) / 1e9, rel=1e-12)
-    assert lesson["v3_states"] == pytest.approx(16 * count(*args) / 1e12, rel=1e-12)
-    assert lesson["v3_flops"] == 6 * count(*args, active=True)
+    assert lesson["v3_gpt"][0] == pytest.approx(count(*args) / 1e9, rel=1e-12)
+    assert lesson["v3_gpt"][1] == pytest.approx(count(*args, active=True) / 1e9, rel=1e-12)
+    # the published architecture, counted by plan.moe: the report's 671B and 37B
+    assert (lesson["v3_total"], lesson["v3_active"]) == (671_026_404_352, 37_552_282_624)
+    assert lesson["v3_states"] == pytest.approx(16 * 671_026_404_352 / 1e12, rel=1e-12)
+    assert lesson["v3_flops"] == 6 * 37_552_282_624
 
 
 # ---- the exercises ---------------------------------------------------------------------

@@ -52,6 +52,34 @@ def test_switch_aux_loss_gradient(seed, ek, T, coeff):
                      {"probs": dprobs})
 
 
+@given(seeds, experts_and_k(), st.integers(1, 4), st.integers(1, 4), coeffs)
+def test_the_global_batch_loss_is_the_ranks_mean_with_summed_counts(seed, ek, T, ranks,
+                                                                     coeff):
+    """Megatron's global_aux_loss: each of `ranks` equal token groups passes the counts
+    summed over all of them; the mean of the groups' losses is the loss of their union,
+    and each group's gradient, divided by the number of groups, is the union's on its
+    rows (gradients averaged over data-parallel ranks)."""
+    E, k = ek
+    probs, topk = random_routing(seed, ranks * T, E, k)
+    whole, dwhole = switch_aux_loss(probs, topk, coeff)
+    counts = expert_counts(topk, E)
+    parts = [switch_aux_loss(probs[r * T:(r + 1) * T], topk[r * T:(r + 1) * T], coeff,
+                             counts) for r in range(ranks)]
+    np.testing.assert_allclose(np.mean([loss for loss, _ in parts]), whole, rtol=1e-13)
+    np.testing.assert_allclose(np.concatenate([d for _, d in parts]) / ranks, dwhole,
+                               rtol=1e-13)
+    assert gradcheck(lambda probs: switch_aux_loss(probs, topk, coeff, counts)[0],
+                     {"probs": probs}, {"probs": switch_aux_loss(probs, topk, coeff,
+                                                                 counts)[1]})
+    if ranks > 1:  # the groups' own counts: the mean of products is not the product of means
+        local = [switch_aux_loss(probs[r * T:(r + 1) * T], topk[r * T:(r + 1) * T], coeff)
+                 for r in range(ranks)]
+        own = np.concatenate([d for _, d in local]) / ranks
+        same = np.allclose(own, dwhole, rtol=1e-9, atol=0)
+        assert same == all(np.array_equal(expert_counts(topk[r * T:(r + 1) * T], E) * ranks,
+                                          counts) for r in range(ranks))
+
+
 @given(seeds, st.integers(1, 5), st.integers(1, 6), coeffs)
 def test_z_loss_gradient(seed, T, E, coeff):
     logits = 3.0 * np.random.default_rng(seed).standard_normal((T, E))
@@ -258,6 +286,10 @@ def test_bad_inputs_are_refused_with_what_was_expected_and_received():
         (lambda: switch_aux_loss(probs, topk, -0.01), r">= 0.*got -0\.01"),
         (lambda: switch_aux_loss(probs, topk, float("nan")), r"finite.*got nan"),
         (lambda: switch_aux_loss(probs.astype(int), topk, 0.01), r"floating.*int64"),
+        (lambda: switch_aux_loss(probs, topk, 0.01, np.ones(4)),
+         r"E = 3 experts' choices, \[3\].*got shape \(4,\)"),
+        (lambda: switch_aux_loss(probs, topk, 0.01, np.zeros(3)), r"not all zero.*\[0\.0, "),
+        (lambda: switch_aux_loss(probs, topk, 0.01, -np.ones(3)), r">= 0.*\[-1\.0, "),
         (lambda: z_loss(probs[0], 0.01), r"logits must be \[T, E\].*got shape \(3,\)"),
         (lambda: z_loss(probs, -1), r"coeff.*>= 0.*got -1"),
         (lambda: sequence_aux_loss(probs, topk, 3, 0.01), r"T = 4.*seq_len = 3.*4 % 3 = 1"),

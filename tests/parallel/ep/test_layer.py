@@ -88,9 +88,9 @@ def expert_names(names, e):
        factor=st.sampled_from([None, 0.5, 1.0, 1.5]),
        policy=st.sampled_from(["probs", "position"]),
        score=st.sampled_from(["softmax", "sigmoid"]), shared=st.booleans(),
-       dp=st.sampled_from([1, 2]), seed=st.integers(0, 999))
+       pad=st.booleans(), dp=st.sampled_from([1, 2]), seed=st.integers(0, 999))
 def test_each_rank_computes_the_single_device_layer_on_its_own_tokens(
-        layout, k, factor, policy, score, shared, dp, seed):
+        layout, k, factor, policy, score, shared, pad, dp, seed):
     """Expert e's gradient on its owner is the SUM over the ep group's ranks r of the
     single-device expert-e gradient on x_r: the owner runs expert e on every rank's rows,
     so its dW sums over all of them. How that sum is averaged over the expert's
@@ -98,7 +98,8 @@ def test_each_rank_computes_the_single_device_layer_on_its_own_tokens(
     shared experts see only this rank's tokens: their gradients are the single-device ones
     on x_r."""
     ep, E = layout  # E: a multiple of ep up to 8
-    cfg = config(E, k, factor, policy, score, shared)
+    cfg = config(E, k, factor, policy, score, shared,
+                 pad_to_capacity=pad and factor is not None)
     refs = [single(cfg, r, seed) for r in range(ep * dp)]
     for r, got in enumerate(run_ep(cfg, ep, seed, dp)):
         ref = refs[r]
@@ -165,15 +166,22 @@ def test_a_split_backward_gives_the_fused_gradients_bit_for_bit():
 
 
 @pytest.mark.timeout(60)
-def test_padding_to_capacity_runs_under_ep_1_and_is_refused_above():
-    cfg = config(4, 2, factor=1.0, pad_to_capacity=True)
-    got, ref = run_ep(cfg, 1, 2)[0], single(cfg, 0, 2)
-    assert_close(got["y"], ref["y"])
-    assert_close(got["dx"], ref["dx"])
-    with pytest.raises(mp.RankFailedError, match=r"pad_to_capacity=True under expert "
-                       r"parallelism \(group ep\[0, 1\], ep = 2\) is not implemented here; "
-                       r"expected pad_to_capacity=False"):
-        run_ep(cfg, 2, 2)
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_padding_to_capacity_sends_every_expert_its_full_capacity(ep):
+    """Each rank sends C rows an expert, real or padding, so the all-to-all's splits are
+    static: (E/ep)·C rows to each other rank, whatever the router chose."""
+    E, k, factor = 4, 2, 1.0
+    cfg = config(E, k, factor=factor, pad_to_capacity=True)
+    C = int(np.ceil(k * S * B / E * factor))
+    res = run_ep(cfg, ep, 2)
+    for r in range(ep):
+        got, ref = res[r], single(cfg, r, 2)
+        assert_close(got["y"], ref["y"])
+        assert_close(got["dx"], ref["dx"])
+        np.testing.assert_array_equal(got["plan"].rows_per_expert, np.full(E, C))
+        rows = [e.meta["sent_bytes"] for e in res.contexts[r].trace.of(stream="comm")
+                if e.name == "all_to_all_single"]
+        assert rows == ([(ep - 1) * (E // ep) * C * H * 8] * 4 if ep > 1 else [])
 
 
 @pytest.mark.timeout(60)

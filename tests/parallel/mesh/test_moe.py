@@ -13,7 +13,14 @@ is), so AdamW still decays its weights, where torch's AdamW would skip a .grad o
 The known bugs, planted, must fail: an expert's gradient averaged over its replicas
 without the 1/ep, the balancing losses left at weight 1 under gradient accumulation, and
 the routers' counts not summed over data-parallel ranks (the replicas' biases then drift).
+
+The global-batch aux loss (MoEConfig.global_aux_loss) has its own reference, one device
+routing each micro-batch whole (every rank's block of it in one forward), dropless since a
+capacity is per forward; the same layout with the counts left local ("the aux loss not
+reduced across dp") must miss it.
 """
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -144,12 +151,13 @@ def test_a_moe_layout_trains_like_one_device_routing_each_token_group(dims, m, w
 @given(ep=st.sampled_from([1, 2, 4]), replicas=st.sampled_from([1, 2]),
        E=st.sampled_from([4, 8]), k=st.integers(1, 2), factor=st.sampled_from([None, 1.0]),
        score=st.sampled_from(["softmax", "sigmoid"]), shared=st.sampled_from([0, 4]),
-       m=st.integers(1, 2), seed=st.integers(0, 20))
+       pad=st.booleans(), m=st.integers(1, 2), seed=st.integers(0, 20))
 def test_any_dp_x_ep_layout_trains_like_one_device(ep, replicas, E, k, factor, score, shared,
-                                                    m, seed):
-    """Dropless or with capacity, any routing: one step, dp = ep x replicas (<= 8)."""
+                                                    pad, m, seed):
+    """Dropless or with capacity (padded or not), any routing: one step, dp = ep x
+    replicas (<= 8)."""
     cfg = config(num_experts=E, top_k=k, capacity_factor=factor, score_function=score,
-                 shared_ffn_hidden=shared)
+                 shared_ffn_hidden=shared, pad_to_capacity=pad and factor is not None)
     dims = ParallelDims(dp_replicate=ep * replicas, ep=ep)
     data = batches(cfg, global_batch=dims.dp * m, seed=seed, steps=1)
     want_losses, _, want, _ = reference(cfg, data, dims.dp, m, False)
@@ -221,3 +229,66 @@ def test_experts_must_split_evenly_over_ep():
 
     with pytest.raises(Exception, match="num_experts = 6 cannot be split over ep = 4"):
         mp.launch(program, 4)
+
+
+GLOBAL_LAYOUTS = [  # (dims, micro-batches)
+    (ParallelDims(dp_replicate=2, ep=2), 2),
+    (ParallelDims(dp_replicate=4, ep=2), 1),
+    (ParallelDims(dp_replicate=2, ep=2, tp=2), 1),
+    (ParallelDims(dp_replicate=2, ep=2, pp=2), 2),
+]
+
+
+def global_reference(cfg, data, dp, m, pipeline):
+    """One device routing each micro-batch whole: the union over the dp ranks of their
+    blocks of micro-batch j, one forward, weight 1/m (dropless: capacity is per forward)."""
+    whole = []
+    for ids, tgt in data:
+        groups = token_groups(ids, tgt, dp, m, pipeline)
+        order = (lambda j, d: j * dp + d) if pipeline else (lambda j, d: d * m + j)
+        for j in range(m):
+            parts = [groups[order(j, d)] for d in range(dp)]
+            whole.append((np.concatenate([x for x, _ in parts], axis=1),
+                          np.concatenate([y for _, y in parts], axis=1)))
+    steps = [whole[i * m:(i + 1) * m] for i in range(len(data))]
+    with mp.device():
+        model = GPT(cfg)
+        params = model.parameters()
+        opt = AdamW(params, lr=LR)
+        losses = []
+        for micro in steps:
+            losses.append(np.mean([model.loss_and_grad(x, y, loss_scale=1.0 / m)
+                                   for x, y in micro]))
+            for p in params:
+                if p.grad is None:
+                    p.accumulate(np.zeros_like(p.data))
+            clip_grad_norm_(params, CLIP)
+            opt.step()
+            opt.zero_grad()
+            update_routers(model, cfg.moe.bias_update_rate)
+        return losses, {p.name: p.data.copy() for p in params}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dims, m", GLOBAL_LAYOUTS, ids=[str(d) for d, _ in GLOBAL_LAYOUTS])
+def test_the_global_batch_aux_loss_trains_like_one_device_routing_the_whole_micro_batch(
+        dims, m):
+    """MoEConfig(global_aux_loss=True): the aux loss's counts summed over dp, so the
+    gradients are those of one device that routes every rank's block of micro-batch j in
+    one forward. Without the sum (the counts left local: "aux loss not reduced across
+    dp"), the router's weights leave that objective."""
+    cfg = config(capacity_factor=None, global_aux_loss=True, aux_loss_coeff=0.5)
+    data = batches(cfg, global_batch=2 * dims.dp * m)
+    want_losses, want = global_reference(cfg, data, dims.dp, m, dims.pp > 1)
+    res = parallel(cfg, dims, data, m)
+    close(np.mean([r[0] for r in res], axis=0), want_losses, "losses")
+    seen = set()
+    for r in res:
+        for name, value in r[2].items():
+            close(value, want[name], name)
+            seen.add(name)
+    assert seen == set(want)
+    plain = replace(cfg, moe=replace(cfg.moe, global_aux_loss=False))
+    local = {n: v for r in parallel(plain, dims, data, m) for n, v in r[2].items()}
+    router = "blocks.0.mlp.router.weight"
+    assert not np.allclose(local[router], want[router], rtol=1e-6)
