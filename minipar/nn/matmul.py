@@ -18,6 +18,8 @@ parallel layout and the single device comes from the order of additions alone).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from ..runtime.context import current
@@ -40,12 +42,15 @@ def compute_dtype(dtype) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
-def matmul(a: np.ndarray, b: np.ndarray, label: str = "") -> np.ndarray:
+def matmul(a: np.ndarray, b: np.ndarray, label: str = "",
+           flops: Optional[float] = None) -> np.ndarray:
     """c = a @ b, charging 2·m·n·k FLOPs per matrix (times the batch) to the clock.
 
     a: [..., m, k], b: [..., k, n] -> c: [..., m, n]; leading batch dims broadcast as in
     `np.matmul` (a 1-D operand is a vector, as there). The FLOPs are charged at the peak
-    rate of the inputs' dtype (bf16 work runs at the bf16 tensor-core rate).
+    rate of the inputs' dtype (bf16 work runs at the bf16 tensor-core rate). `flops`, if
+    given, is charged instead: for a product whose masked entries a real kernel skips
+    (parallel/cp charges a causal diagonal block half of its dense count).
     """
     a, b = np.asarray(a), np.asarray(b)
     out_dtype = np.result_type(a.dtype, b.dtype)
@@ -55,6 +60,7 @@ def matmul(a: np.ndarray, b: np.ndarray, label: str = "") -> np.ndarray:
     else:
         c = np.matmul(a, b)  # c: [..., m, n]
     k = a.shape[-1]
-    flops = 2 * k * c.size  # = 2 m n k per matrix, times the batch
+    if flops is None:
+        flops = 2 * k * c.size  # = 2 m n k per matrix, times the batch
     current().compute(flops, dtype=dtype_key(out_dtype), name="matmul", label=label)
     return c
