@@ -17,35 +17,32 @@ can own blocks lo..hi (the first stage embeds, the last computes the loss):
     model.embed_backward(dx, s_embed)                         dx0 -> wte, wpe gradients
 
 Each backward step also runs split (weight_grads.py): given a WeightGradStore it computes
-only I, the input gradients, and pushes the weights' gradients as records the store's W
-runs later; `backward_input(cache)` returns the whole model's store, `backward_weight(store)`
-runs it. Hooks: I fires backward_pre and, when a unit's I ends, backward_input_post; W fires
-backward_post, after the unit's gradients are complete.
+only I, the input gradients, and pushes the weights' gradients as records for the store's
+W; `backward_input(cache)` returns the model's store, `backward_weight(store)` runs it. I
+fires backward_pre and backward_input_post; W fires backward_post, the gradients complete.
 
-`forward` and `backward` are exactly these in this order, and the cache `forward` returns is
-a `ForwardCache` of the three steps' records; the `Saved` objects inside are charged to the
-ledger as activations until the backward consumes them. Nothing is hidden: read the
-backward steps to see each gradient path.
+`forward` and `backward` are exactly these in this order; `forward`'s cache is a
+`ForwardCache` of the steps' records, whose `Saved` objects are charged to the ledger as
+activations until the backward consumes them. Read the backward steps to see each path.
 
-Units and hooks (see hooks.py): `model.hooks` fires forward_pre/forward_post/backward_pre/
-backward_post around each unit, as FSDP wraps modules — one unit per block, `block_unit(i)`,
-fired by the blocks steps around each block, and the `ROOT` unit holding everything outside
-the blocks (with tied embeddings the head's weight *is* the embedding's, so both stay in
-one unit), opened by the embedding step and closed by the head step in forward, opened by
-the head's backward and closed by the embedding's backward. A pipeline puts the two steps on
-different stages: `split_root()` gives each a unit of its own, `EMBED` (wte, wpe) and `HEAD`
-(ln_f, lm_head), each opened and closed by its own step and listed first and last by units().
+Units and hooks (hooks.py): `model.hooks` fires forward_pre/forward_post/backward_pre/
+backward_post around each unit, as FSDP wraps modules: one unit a block, `block_unit(i)`,
+and `ROOT`, everything outside the blocks (a tied head's weight *is* the embedding's, so
+both stay in one unit), opened by the embedding step and closed by the head step in
+forward, the other way round in backward. A pipeline puts the two steps on different
+stages: `split_root()` gives each a unit, `EMBED` (wte, wpe) and `HEAD` (ln_f, lm_head),
+opened and closed by its own step, listed first and last by units().
 
 Dropout masks. A forward given no generator draws from `model.dropout_generator`, made
 once from cfg.seed and advanced by every draw: each step's masks are fresh, and two models
-built from one config draw the same sequence of masks, so the single-device reference and
-every parallel layout (TensorParallelGPT slices the same draws: parallel/tp/random.py)
-agree step after step. Pass a generator to choose the masks yourself.
+of one config draw the same masks, so the single-device reference and every parallel
+layout (TensorParallelGPT slices the same draws: parallel/tp/random.py) agree step after
+step. Pass a generator to choose the masks yourself.
 
 Parallel layouts. TensorParallelGPT (parallel/tp/gpt.py) is this skeleton with parallel
-parts: it overrides the `build_*` methods and the few steps-within-steps marked "a parallel
-layout overrides this" (the dropout generator, the residual stream's layout, the logits,
-the loss, and what completes a unit's gradients), and nothing else.
+parts: it overrides the `build_*` methods and the steps-within-steps marked "a parallel
+layout overrides this" (the dropout generator, the positions, the residual stream's
+layout, the logits, the loss, what completes a unit's gradients), and nothing else.
 """
 
 from __future__ import annotations
@@ -118,8 +115,7 @@ class GPT(Module):
         if blocks_held is not None and not set(blocks_held) <= set(range(cfg.num_layers)):
             raise ValueError(f"blocks_held={sorted(blocks_held)} names blocks outside the "
                              f"model's 0..{cfg.num_layers - 1}")
-        # dropout's generator when a forward is given none: seeded once, advanced by every
-        # forward, so step n draws fresh masks and two models of one seed draw the same ones
+        # dropout's generator when a forward is given none (the module docstring)
         self.dropout_generator = np.random.default_rng(cfg.seed)
         self.wte = self.build_wte()
         self.wpe = Embedding("wpe", cfg.seq_len, cfg.hidden, cfg.seed, cfg.np_dtype,
@@ -131,6 +127,10 @@ class GPT(Module):
         self.hooks = Hooks()
 
     # ---- parts (a parallel layout overrides these) -----------------------------------
+    def position_ids(self, s: int, b: int) -> np.ndarray:
+        """The rows' positions, int [s, b]: 0..s-1 (a parallel layout overrides this)."""
+        return np.broadcast_to(np.arange(s)[:, None], (s, b))
+
     def build_wte(self):
         cfg = self.cfg
         return Embedding("wte", cfg.vocab_size, cfg.hidden, cfg.seed, cfg.np_dtype,
@@ -235,7 +235,7 @@ class GPT(Module):
         rng = self.dropout_rng(rng)
         self.hooks.fire("forward_pre", self.embed_unit)
         tok, s_wte = self.wte.forward(ids)  # tok: [s, b, h]
-        pos, s_wpe = self.wpe.forward(np.broadcast_to(np.arange(s)[:, None], (s, b)))
+        pos, s_wpe = self.wpe.forward(self.position_ids(s, b))  # pos: [s, b, h]
         x = self.to_residual(tok + pos)  # x: [s, b, h] (sequence parallel: [s/t, b, h])
         x, s_drop = dropout_forward(x, self.cfg.dropout, self.residual_rng(rng))
         if self.root_is_split:

@@ -9,9 +9,10 @@
     dp_shard      data-parallel ranks among which ZeRO / FSDP partition their states
     tp            Megatron tensor parallelism (+ sequence parallelism on the same group)
     pp            pipeline stages (parallelize builds each rank's stages and a runner)
-    cp, ep        context and expert parallelism: their groups can be built; ep > 1
-                  trains mixtures of experts (mesh/experts.py), cp is accepted at 1 only
-                  until its form lands
+    cp            context parallelism: the sequence split through attention (ring or
+                  Ulysses; mesh/context.py), gradients averaged over dp x cp
+    ep            expert parallelism, folded into dp x cp: a mixture of experts' experts
+                  spread over ep ranks (mesh/experts.py)
 
 Rank order. Megatron spells a layout fastest dimension first, `order="tp-cp-ep-dp-pp"`: tp
 varies fastest, so a tensor-parallel group holds consecutive ranks and sits inside a node;
@@ -42,7 +43,7 @@ from ...runtime.checks import MAX_RANKS
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 _ORDER_NAMES = ("tp", "cp", "ep", "dp", "pp")
 #: the dimensions parallelize can build so far; the others it accepts at size 1 only
-IMPLEMENTED = ("dp_replicate", "dp_shard", "tp", "pp", "ep")
+IMPLEMENTED = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ differ only in that coordinate; flattened ones hold the ranks that differ only i
 
     dp      = dp_replicate x dp_shard   every rank that trains on another block of the batch
     dp_cp   = dp x cp                   the ranks a gradient is averaged over under cp
+    dp_shard_cp = dp_shard x cp         the ranks ZeRO / FSDP shard over under cp
     model_parallel = tp x pp            the ranks holding the pieces of one model replica,
                                         over which a gradient norm is completed (Megatron's
                                         model-parallel group)
@@ -62,6 +63,7 @@ class ParallelGroups:
         self.dp_replicate = self._group("dp_replicate")
         self.dp = self._group("dp_replicate", "dp_shard", name="dp")
         self.dp_cp = self._group("dp_replicate", "dp_shard", "cp", name="dp_cp")
+        self.dp_shard_cp = self._group("dp_shard", "cp", name="dp_shard_cp")
         self.model_parallel = self._group("pp", "tp", name="model_parallel")
         self.ep, self.edp = self._expert_groups()
 

@@ -16,6 +16,7 @@ process-group grid). Every rank runs it with the same arguments; it builds, in o
               norm is completed across tp x pp: ModelParallelNorm(groups.model_parallel,
               counted)
     batches   run.local_batch(ids, targets): block groups.batch_shard of the global batch
+              (under context parallelism, this rank's rows of it: context.py)
     pipeline  with pp > 1 (or a schedule at pp = 1): this rank's stages of the model, the
               engine over their units only, and a PipelineRunner in the pp group that
               runs the schedule (pipeline.py says what crosses forms there)
@@ -25,7 +26,10 @@ and answers the questions that cross forms, so that no form needs to know anothe
     which block of the global batch a rank trains on      groups.batch_shard (dp coordinate)
     how dropout is sliced                                 the same block, plus tp's own slices
     which groups a gradient is averaged over              dp_shard (reduce-scatter) and
-                                                          dp_replicate (all-reduce), or dp (DDP)
+                                                          dp_replicate (all-reduce), or dp (DDP);
+                                                          with cp > 1, dp_shard x cp and dp x cp
+    which rows of the sequence a rank runs, and which     context.py: zigzag rows, the ring or
+    attention core reaches the others' keys               Ulysses over groups.cp
     which group the gradient norm is summed over, and     tp x pp; a parameter replicated
     which parameters count once there                     across tp counts on tp rank 0 only
                                                           (Megatron's param_is_not_tensor_
@@ -45,19 +49,21 @@ dp_replicate: replicas of those shards):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
 from ...data.batches import split_data_parallel, split_microbatches
 from ...nn.config import GPTConfig
 from ...optim.adam import AdamW
+from ...runtime.collectives import all_reduce
 from ...runtime.context import current
 from ..dp import (DataParallelEngine, DistributedDataParallel, FullyShardedDataParallel,
                   ModelParallelNorm, ShardingStrategy, ZeroEngine, Zero3Engine,
                   accumulate_gradients)
 from ..pp import PipelineRunner, RankStages, validate_schedule
 from ..tp import TensorParallelGPT
+from .context import attention_core, check_context, sequence_positions, sequence_shard
 from .dims import ParallelDims
 from .experts import check_moe, expert_data_parallel, moe_factory, update_expert_biases
 from .groups import ParallelGroups
@@ -80,12 +86,24 @@ class Parallelized:
     dims: ParallelDims
     stages: Optional[RankStages] = None
     runner: Optional[PipelineRunner] = None
+    sequence_shard: Optional[Callable] = None  # context parallelism: this rank's rows
 
     def local_batch(self, ids: np.ndarray, targets: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's block of the global batch.  ids, targets: [s, B] -> [s, B/dp].
+        """This rank's block of the global batch.  ids, targets: [s, B] -> [s, B/dp]
+        ([s/cp, B/dp] with context parallelism: its rows of the block, context.py).
         (A pipeline's runner takes block d of each of its m micro-batches instead.)"""
-        return split_data_parallel(ids, targets, *self.groups.batch_shard)
+        x, y = split_data_parallel(ids, targets, *self.groups.batch_shard)  # [s, B/dp]
+        if self.sequence_shard is not None:
+            x, y = self.sequence_shard(x, y)  # [s/cp, B/dp]
+        return x, y
+
+    def _block_loss(self, loss: float) -> float:
+        """The dp block's mean loss from this rank's: under cp the mean over the cp group
+        of its ranks' means (equal rows each); 8 bytes."""
+        if self.groups.dims.cp == 1:
+            return loss
+        return float(all_reduce(np.array([loss]), "avg", group=self.groups.cp)[0])
 
     def forward_backward(self, ids: np.ndarray, targets: np.ndarray,
                          micro_batches: Optional[int] = None, no_sync: bool = True) -> float:
@@ -100,11 +118,11 @@ class Parallelized:
                 raise ValueError(f"this run's pipeline schedule runs m = {m} micro-batches "
                                  f"a step (parallelize(..., microbatches={m})); got "
                                  f"micro_batches={micro_batches}: leave it out")
-            return broadcast_loss(self.runner.step(ids, targets), self.groups.pp,
-                                  self.runner.loss_rank)
-        x, y = self.local_batch(ids, targets)  # x, y: [s, B/dp]
-        return accumulate_gradients(self.model, self.engine,
-                                    split_microbatches(x, y, micro_batches or 1), no_sync)
+            return self._block_loss(broadcast_loss(self.runner.step(ids, targets),
+                                                   self.groups.pp, self.runner.loss_rank))
+        x, y = self.local_batch(ids, targets)  # x, y: [s, B/dp] ([s/cp, B/dp])
+        return self._block_loss(accumulate_gradients(
+            self.model, self.engine, split_microbatches(x, y, micro_batches or 1), no_sync))
 
     def step(self) -> None:
         """The optimizer step (clipped by the global norm if asked), then zero_grad; with
@@ -130,13 +148,16 @@ def _zero_stage(zero: Optional[int], strategy: Optional[ShardingStrategy]) -> in
 
 
 def build_model(cfg: GPTConfig, groups: ParallelGroups, sequence_parallel: bool = False,
-                blocks: Optional[frozenset] = None) -> TensorParallelGPT:
+                blocks: Optional[frozenset] = None, cp_method: str = "ring",
+                cp_layout: str = "zigzag") -> TensorParallelGPT:
     """This rank's part of the model: 1/tp of the GPT, dropout sliced to its batch block;
     of the blocks, only `blocks` (default: all; a pipeline rank's: its stages'); with
-    cfg.moe, expert-parallel MoE layers over groups.ep (experts.py)."""
+    cfg.moe, expert-parallel MoE layers over groups.ep (experts.py); with cp > 1, its
+    rows' positions and the ring or Ulysses attention core over groups.cp (context.py)."""
     factory = moe_factory(cfg, groups) if cfg.moe is not None else None
     return TensorParallelGPT(cfg, groups.tp, sequence_parallel, groups.batch_shard, blocks,
-                             factory)
+                             factory, attention_core(groups, cp_method, cp_layout),
+                             sequence_positions(cfg, groups, cp_layout))
 
 
 def model_parallel_norm(model, groups: ParallelGroups,
@@ -199,21 +220,23 @@ def build_engine(model, groups: ParallelGroups, *, zero: Optional[int] = None,
         return NoParameters(model, groups, replicated=zero == 0 or sharding_strategy is
                             S.NO_SHARD, **common)
     replicate = groups.dp_replicate if dims.dp_replicate > 1 else None
+    # under context parallelism the cp ranks of a dp block average their gradients too
+    dp, shard = ((groups.dp_cp, groups.dp_shard_cp) if dims.cp > 1
+                 else (groups.dp, groups.dp_shard))
     if sharding_strategy is S.HYBRID_SHARD:
         return FullyShardedDataParallel(model, optimizer_cls, sharding_strategy=S.HYBRID_SHARD,
-                                        process_group=(groups.dp_shard, groups.dp_replicate),
-                                        **common)
+                                        process_group=(shard, groups.dp_replicate), **common)
     if sharding_strategy is not None:
-        group = groups.dp if sharding_strategy is S.NO_SHARD else groups.dp_shard
+        group = dp if sharding_strategy is S.NO_SHARD else shard
         return FullyShardedDataParallel(model, optimizer_cls, sharding_strategy=sharding_strategy,
                                         process_group=group, **common)
     if zero == 0:
-        return DistributedDataParallel(model, optimizer_cls, process_group=groups.dp, **common)
+        return DistributedDataParallel(model, optimizer_cls, process_group=dp, **common)
     if zero in (1, 2):
-        return ZeroEngine(model, optimizer_cls, stage=zero, process_group=groups.dp_shard,
+        return ZeroEngine(model, optimizer_cls, stage=zero, process_group=shard,
                           replicate_group=replicate, **common)
-    return Zero3Engine(model, optimizer_cls, process_group=groups.dp_shard,
-                       replicate_group=replicate, **common)
+    return Zero3Engine(model, optimizer_cls, process_group=shard, replicate_group=replicate,
+                       **common)
 
 
 def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = None,
@@ -223,6 +246,7 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
                 groups: Optional[ParallelGroups] = None, schedule: Union[str, list, None] = None,
                 microbatches: Optional[int] = None, chunks: Optional[int] = None,
                 layers: Optional[Sequence[int]] = None, placement: str = "warn",
+                cp_method: str = "ring", cp_layout: str = "zigzag",
                 **kwargs: Any) -> Parallelized:
     """This rank's model, engine and groups for training `cfg` on the layout `dims` (call it
     on every rank, inside `launch`, with the same arguments). zero / sharding_strategy pick
@@ -237,7 +261,8 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
     places them (pipeline.py). `placement`: "warn" (default) warns when the launched
     topology puts a tp group across nodes or another order of the same sizes is cheaper
     (placement.py, with the cost model's figures), "strict" refuses that layout, "any"
-    runs it without a word."""
+    runs it without a word. Context parallelism (dims.cp > 1): `cp_method` "ring" or
+    "ulysses", `cp_layout` "zigzag" (default) or "contiguous" (context.py)."""
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"parallelize builds the model itself, split over the mesh: pass the "
                         f"GPTConfig, not a {type(cfg).__name__}")
@@ -254,6 +279,7 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
         raise ValueError(f"groups were built for {groups.dims}, not {dims}")
     if cfg.moe is not None:
         check_moe(cfg, groups, zero, sharding_strategy, sequence_parallel)
+    check_context(cfg, groups, cp_method, cp_layout, sequence_parallel)
     actions = pipeline_schedule(dims.pp, schedule, microbatches, chunks)
     if actions is None and layers is not None:
         raise ValueError(f"layers={layers!r} splits the blocks among pipeline stages, but "
@@ -267,13 +293,15 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
                     zero=_zero_stage(zero, sharding_strategy))
     held = None if actions is None else blocks_held(cfg.num_layers, actions,
                                                     groups.coordinate["pp"], layers)
-    model = build_model(cfg, groups, sequence_parallel, held)
+    model = build_model(cfg, groups, sequence_parallel, held, cp_method, cp_layout)
+    rows = sequence_shard(groups, cp_layout)
     engine_args = dict(zero=zero, sharding_strategy=sharding_strategy,
                        optimizer_cls=optimizer_cls, max_grad_norm=max_grad_norm, **kwargs)
     if actions is None:
-        return Parallelized(model, build_engine(model, groups, **engine_args), groups, dims)
+        return Parallelized(model, build_engine(model, groups, **engine_args), groups, dims,
+                            sequence_shard=rows)
     stages = build_rank_stages(model, groups, actions, layers)
     engine = build_engine(stages, groups, shared=shared_parameters(stages, actions, groups),
                           **engine_args)
     return Parallelized(model, engine, groups, dims, stages,
-                        build_runner(stages, actions, groups, engine))
+                        build_runner(stages, actions, groups, engine, rows), rows)

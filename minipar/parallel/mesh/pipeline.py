@@ -132,11 +132,12 @@ def shared_parameters(stages: RankStages, actions: Schedule,
 
 
 def build_runner(stages: RankStages, actions: Schedule, groups: ParallelGroups,
-                 engine) -> PipelineRunner:
-    """The runner of this rank's stages in the pp group, reducing through `engine`."""
+                 engine, sequence_shard=None) -> PipelineRunner:
+    """The runner of this rank's stages in the pp group, reducing through `engine`;
+    sequence_shard: this rank's rows of each block under context parallelism."""
     return PipelineRunner(stages.stages, actions, groups.pp, no_sync=engine.no_sync,
                           grads_ready=engine.finish_grad_sync,
-                          batch_shard=groups.batch_shard)
+                          batch_shard=groups.batch_shard, sequence_shard=sequence_shard)
 
 
 def broadcast_loss(loss: Optional[float], group: ProcessGroup, src: Optional[int] = None

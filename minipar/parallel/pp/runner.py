@@ -111,14 +111,17 @@ class PipelineRunner:
     embedding_group: the group summing tied wte gradients (default: the group of the ranks
     holding the first and last stages). grads_ready: called after each step's backward.
     no_sync: a context manager factory the step's list runs inside (a data-parallel
-    engine's no_sync). batch_shard: (d, dp), this rank's block of each micro-batch."""
+    engine's no_sync). batch_shard: (d, dp), this rank's block of each micro-batch;
+    sequence_shard(ids, targets) -> (ids, targets): this rank's rows of that block, when
+    another form splits the sequence (context parallelism: the mesh passes it)."""
 
     def __init__(self, stages: Sequence[PipelineStage], actions: Schedule,
                  group: Optional[ProcessGroup] = None, *,
                  embedding_group: Optional[ProcessGroup] = None,
                  grads_ready: Optional[Callable[[], None]] = None,
                  no_sync: Optional[Callable[[], ContextManager]] = None,
-                 batch_shard: tuple[int, int] = (0, 1)):
+                 batch_shard: tuple[int, int] = (0, 1),
+                 sequence_shard: Optional[Callable] = None):
         ctx = current()
         self.group = ctx.world if group is None else group
         self.pp_rank = self.group.group_rank(ctx.rank)
@@ -142,6 +145,7 @@ class PipelineRunner:
             raise ScheduleError(f"batch_shard is (index, count) with 0 <= index < count: this "
                                 f"rank's block of each micro-batch; got {batch_shard!r}")
         self.batch_shard = (index, count)
+        self.sequence_shard = sequence_shard
         for st in stages:
             if count > 1 and st.model.cfg.dropout > 0 and \
                     tuple(getattr(st.model, "batch_shard", (0, 1))) != self.batch_shard:
@@ -197,6 +201,8 @@ class PipelineRunner:
         if self.batch_shard[1] > 1:
             micro = [split_data_parallel(x, y, *self.batch_shard)  # [s, B/(m·dp)]
                      for x, y in micro]
+        if self.sequence_shard is not None:
+            micro = [self.sequence_shard(x, y) for x, y in micro]  # [s/cp, B/(m·dp)]
         streams = {id(st.model): DropoutStream(st.model.dropout_generator, st.model.cfg,
                                                seq, b, m) for st in self.stages.values()}
         pending: list = []   # the isends' Works, waited at the end of the list

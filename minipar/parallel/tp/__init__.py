@@ -13,7 +13,8 @@ Only the tensor-parallel group is known here; where this rank's tokens sit in th
 batch (a data-parallel question) is passed in by parallel/mesh.
 """
 
-from .block import ParallelAttention, ParallelMLP, ParallelTransformerLayer
+from .block import (LOCAL_CORE, AttentionCore, ParallelAttention, ParallelMLP,
+                    ParallelTransformerLayer)
 from .gpt import TensorParallelGPT, check_tensor_parallel
 from .layers import ColumnParallelLinear, RowParallelLinear, gather_parameter
 from .mappings import (copy_to_tensor_model_parallel_region,
@@ -33,7 +34,8 @@ __all__ = ["copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_par
            "scatter_to_sequence_parallel_region", "gather_from_sequence_parallel_region",
            "reduce_scatter_to_sequence_parallel_region", "SlicedDraw", "TensorParallelRNG",
            "SequenceParallelGrads", "SequenceParallelLayerNorm", "ColumnParallelLinear",
-           "RowParallelLinear", "gather_parameter", "ParallelAttention", "ParallelMLP",
+           "RowParallelLinear", "gather_parameter", "AttentionCore", "LOCAL_CORE",
+           "ParallelAttention", "ParallelMLP",
            "ParallelTransformerLayer", "TensorParallelGPT", "check_tensor_parallel",
            "VocabParallelEmbedding", "padded_vocab_size", "vocab_parallel_cross_entropy",
            "vocab_parallel_cross_entropy_backward"]

@@ -33,7 +33,8 @@ the model's (nn/segments.py): the layers run in mode "none" and a segment reruns
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -47,14 +48,32 @@ from .sequence import SequenceParallelGrads, SequenceParallelLayerNorm
 from .layers import ColumnParallelLinear, RowParallelLinear, divide
 
 
+@dataclass(frozen=True)
+class AttentionCore:
+    """The attention core a ParallelAttention runs between its two linears, paired with
+    its backward: nn's on the rank's own sequence (LOCAL_CORE), or a context-parallel
+    one that reaches the other ranks' keys (parallel/cp; the mesh builds it).
+
+        forward(qkv [s, b, 3h/t], heads, p, rng, selective) -> (context [s, b, h/t], saved)
+        backward(dcontext [s, b, h/t], saved) -> dqkv [s, b, 3h/t]
+    """
+
+    forward: Callable
+    backward: Callable
+
+
+LOCAL_CORE = AttentionCore(core_attention_forward, core_attention_backward)
+
+
 class ParallelAttention(Module):
     """x [s, b, h] ([s/t, b, h] with SP) -> y of the same shape; a/t heads per rank."""
 
     parameter_order = ("qkv", "proj")
 
     def __init__(self, name: str, cfg, group: ProcessGroup, sequence_parallel: bool,
-                 sp_grads: Optional[SequenceParallelGrads], out_std: float):
-        self.name, self.dropout = name, cfg.dropout
+                 sp_grads: Optional[SequenceParallelGrads], out_std: float,
+                 core: AttentionCore = LOCAL_CORE):
+        self.name, self.dropout, self.core = name, cfg.dropout, core
         self.heads = divide(cfg.num_heads, group.size, "num_heads",
                             "choose num_heads (and so hidden) divisible by tp")
         kw = dict(sequence_parallel=sequence_parallel, seed=cfg.seed, dtype=cfg.np_dtype)
@@ -65,7 +84,7 @@ class ParallelAttention(Module):
 
     def forward(self, x: np.ndarray, rng: TensorParallelRNG, selective: bool = False):
         (qkv, _), s_qkv = self.qkv.forward(x)  # qkv: [s, b, 3h/t], heads [a/t, 3, d]
-        context, s_core = core_attention_forward(
+        context, s_core = self.core.forward(
             qkv, self.heads, self.dropout, rng.sharded(axis=1, batch_axis=0),
             selective)  # context: [s, b, h/t]
         (y, _), s_proj = self.proj.forward(context)  # y: [s, b, h] ([s/t, b, h] with SP)
@@ -75,7 +94,7 @@ class ParallelAttention(Module):
         """dx from dy; with a WeightGradStore, the linears' weight gradients wait for W."""
         s_qkv, s_core, s_proj = saved
         dcontext = self.proj.backward(dy, s_proj, store)  # dcontext: [s, b, h/t]
-        dqkv = core_attention_backward(dcontext, s_core)  # dqkv: [s, b, 3h/t]
+        dqkv = self.core.backward(dcontext, s_core)  # dqkv: [s, b, 3h/t]
         return self.qkv.backward(dqkv, s_qkv, store=store)
 
 
@@ -117,17 +136,19 @@ def residual_stream_rng(rng: TensorParallelRNG, sequence_parallel: bool):
 
 
 def parallel_parts(name: str, cfg, group: ProcessGroup, sequence_parallel: bool,
-                   sp_grads: Optional[SequenceParallelGrads], mlp=None) -> BlockParts:
+                   sp_grads: Optional[SequenceParallelGrads], mlp=None,
+                   core: AttentionCore = LOCAL_CORE) -> BlockParts:
     """nn.dense_parts' four parts, tensor-parallel over `group`: LayerNorms on the sequence
-    shard (their gradients to `sp_grads` under SP), ParallelAttention and ParallelMLP (or
-    `mlp`, made by the caller: a mixture of experts, replicated over the tp group)."""
+    shard (their gradients to `sp_grads` under SP), ParallelAttention running `core` and
+    ParallelMLP (or `mlp`, made by the caller: a mixture of experts, replicated over the
+    tp group)."""
     out_std, dt, eps = residual_out_std(cfg), cfg.np_dtype, cfg.layernorm_eps
     if mlp is None:
         mlp = ParallelMLP(f"{name}.mlp", cfg, group, sequence_parallel, sp_grads, out_std)
     return BlockParts(
         ln1=SequenceParallelLayerNorm(f"{name}.ln1", cfg.hidden, eps, dt, sp_grads),
         attn=ParallelAttention(f"{name}.attn", cfg, group, sequence_parallel, sp_grads,
-                               out_std),
+                               out_std, core),
         ln2=SequenceParallelLayerNorm(f"{name}.ln2", cfg.hidden, eps, dt, sp_grads),
         mlp=mlp)
 
@@ -142,11 +163,12 @@ class ParallelTransformerLayer(Block):
     """
 
     def __init__(self, name: str, cfg, group: ProcessGroup, sequence_parallel: bool,
-                 recompute: Optional[str] = None, mlp=None):
+                 recompute: Optional[str] = None, mlp=None,
+                 core: AttentionCore = LOCAL_CORE):
         self.sequence_parallel = sequence_parallel
         self.sp_grads = SequenceParallelGrads(group) if sequence_parallel else None
         super().__init__(name, cfg, parallel_parts(name, cfg, group, sequence_parallel,
-                                                   self.sp_grads, mlp), recompute)
+                                                   self.sp_grads, mlp, core), recompute)
 
     def residual_rng(self, rng: TensorParallelRNG):
         """The residual dropouts' generator: replicated, or this rank's sequence slice."""

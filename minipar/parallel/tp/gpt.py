@@ -40,7 +40,7 @@ from .mappings import scatter_to_sequence_parallel_region
 from .random import TensorParallelRNG, check_batch_shard
 from .sequence import SequenceParallelGrads, SequenceParallelLayerNorm
 from .layers import ColumnParallelLinear, divide, gather_parameter
-from .block import ParallelTransformerLayer, residual_stream_rng
+from .block import LOCAL_CORE, AttentionCore, ParallelTransformerLayer, residual_stream_rng
 from .vocab import (VocabParallelEmbedding, vocab_parallel_cross_entropy,
                     vocab_parallel_cross_entropy_backward, vocab_range)
 
@@ -64,10 +64,16 @@ class TensorParallelGPT(GPT):
     def __init__(self, cfg: GPTConfig, tp_group: ProcessGroup, sequence_parallel: bool = False,
                  batch_shard: tuple[int, int] = (0, 1),
                  blocks_held: Optional[Collection[int]] = None,
-                 mlp_factory: Optional[Callable[[int], object]] = None):
+                 mlp_factory: Optional[Callable[[int], object]] = None,
+                 attention_core: AttentionCore = LOCAL_CORE,
+                 positions: Optional[Callable[[int], np.ndarray]] = None):
         """mlp_factory(i): block i's MLP when it is not the tensor-parallel dense one (None:
         ParallelMLP); a mixture of experts (cfg.moe) needs it: parallel/mesh passes an
-        expert-parallel MoE, replicated over the tp group, on the full sequence."""
+        expert-parallel MoE, replicated over the tp group, on the full sequence.
+        attention_core: what every block's attention runs between its linears (nn's core
+        on this rank's rows, or a context-parallel one); positions: int [s_local], the
+        positions(s) -> int [s]: the global positions of the s sequence rows this rank runs,
+        in its order (None: 0..s-1) (both from parallel/mesh under context parallelism)."""
         if cfg.moe is not None and (mlp_factory is None or sequence_parallel):
             raise ValueError(
                 "GPTConfig.moe under tensor parallelism: the mixture-of-experts blocks are "
@@ -80,6 +86,8 @@ class TensorParallelGPT(GPT):
         self.tp_rank = tp_group.group_rank(current().rank)
         self.root_grads = SequenceParallelGrads(tp_group) if sequence_parallel else None
         self.tp_mlp_factory = mlp_factory
+        self.attention_core = attention_core
+        self.positions = positions
         super().__init__(cfg, blocks_held=blocks_held)  # builds the parts below, in order
         # the collector each unit's backward flushes (None: its gradients are complete);
         # a pipeline splits the root (split_root) into EMBED and HEAD, which share it
@@ -102,7 +110,7 @@ class TensorParallelGPT(GPT):
         f = self.tp_mlp_factory
         return ParallelTransformerLayer(block_unit(i), self.cfg, self.group,
                                         self.sequence_parallel, self.cfg.layer_recompute,
-                                        None if f is None else f(i))
+                                        None if f is None else f(i), self.attention_core)
 
     def build_ln_f(self) -> SequenceParallelLayerNorm:
         cfg = self.cfg
@@ -119,6 +127,12 @@ class TensorParallelGPT(GPT):
             std=cfg.init_std, skip_weight_param_allocation=cfg.tie_embeddings)
 
     # ---- where the steps differ from one device ------------------------------------------
+    def position_ids(self, s: int, b: int) -> np.ndarray:
+        """This rank's rows' global positions (context parallelism), else 0..s-1. [s, b]"""
+        if self.positions is None:
+            return super().position_ids(s, b)
+        return np.broadcast_to(self.positions(s)[:, None], (s, b))  # [s, b]
+
     def dropout_rng(self, rng) -> TensorParallelRNG:
         """The single-device generator, handing out this rank's slices (random.py)."""
         if isinstance(rng, TensorParallelRNG):

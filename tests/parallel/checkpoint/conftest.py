@@ -37,10 +37,13 @@ class Layout:
     schedule: Optional[str] = None  # None: no pipeline (pp must be 1)
     m: int = 2
     sp: bool = False
+    cp_method: str = "ring"  # under context parallelism (dims.cp > 1)
 
     def kwargs(self) -> dict:
         engine = "sharding_strategy" if isinstance(self.zero, ShardingStrategy) else "zero"
         kw: dict = {engine: self.zero, "sequence_parallel": self.sp}
+        if self.dims.cp > 1:
+            kw.update(cp_method=self.cp_method, placement="any")
         if self.schedule is not None:
             kw.update(schedule=self.schedule, microbatches=self.m)
         return kw
@@ -48,7 +51,8 @@ class Layout:
     def __str__(self) -> str:
         d = self.dims
         engine = getattr(self.zero, "name", f"zero {self.zero}")
-        return (f"(dp {d.dp}, pp {d.pp}, tp {d.tp}) {engine} "
+        cp = f", cp {d.cp} {self.cp_method}" if d.cp > 1 else ""
+        return (f"(dp {d.dp}, pp {d.pp}, tp {d.tp}{cp}) {engine} "
                 f"{self.schedule or 'no pipeline'}{' SP' if self.sp else ''}")
 
 

@@ -120,3 +120,39 @@ def test_any_layout_of_at_most_8_ranks_loads_any_other_and_continues_bit_for_bit
         assert files.losses == memory.losses
         dpkit.assert_state_equal(files.state, memory.state)
         assert np.isfinite(files.mean_losses).all()
+
+
+# ---- context parallelism: the model is whole on every cp rank ------------------------------
+CP_PAIRS = [  # (save_as, load_as)
+    (dict(dims=ParallelDims(dp_replicate=2, cp=2)), dict(dims=ParallelDims())),
+    (dict(dims=ParallelDims(dp_shard=2, cp=2), zero=1, cp_method="ulysses"),
+     dict(dims=ParallelDims(cp=4, tp=2), sp=True)),
+    (dict(dims=ParallelDims(dp_shard=2, tp=2), zero=3, sp=True),
+     dict(dims=ParallelDims(cp=2, pp=2), schedule="1f1b")),
+    (dict(dims=ParallelDims(cp=2, pp=2, tp=2), schedule="1f1b"),
+     dict(dims=ParallelDims(dp_shard=2, cp=2), zero=2)),
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("save_as, load_as", CP_PAIRS,
+                         ids=[f"{i}" for i in range(len(CP_PAIRS))])
+def test_a_context_parallel_save_loads_at_other_layouts_and_continues_bit_for_bit(
+        dpkit, ckrun, tmp_path, save_as, load_as):
+    """Context parallelism splits the sequence, not the state: its cp ranks hold the same
+    shards (DDP: replicas over dp x cp; ZeRO: shards over dp_shard x cp), and a save at cp
+    loads at any layout, cp or not, as the dp tests' saves do."""
+    cfg = config(dpkit, dropout=0.0, tie_embeddings=False, seq_len=16)
+    batches = dpkit.global_batches(cfg, 2, 8, seed=5)
+    save_as, load_as = ckrun.Layout(**save_as), ckrun.Layout(**load_as)
+    first = ckrun.session(dpkit, cfg, save_as, batches, steps=1, save_root=tmp_path,
+                          snapshot=1)
+    dpkit.assert_state_equal(ck.read_full_state(first.saved[0]), first.snapshot[0])
+    files = ckrun.session(dpkit, cfg, load_as, batches, resume_from=tmp_path,
+                          resave_to=tmp_path / "again")
+    dpkit.assert_state_equal(ck.read_full_state(tmp_path / "again"), first.snapshot[0])
+    memory = ckrun.session(dpkit, cfg, load_as, batches, from_memory=first.snapshot)
+    assert files.losses == memory.losses
+    dpkit.assert_state_equal(files.state, memory.state)
+    straight = ckrun.session(dpkit, cfg, save_as, batches)
+    dpkit.assert_close(files.mean_losses, straight.mean_losses[1:], what=str(load_as))
