@@ -6,7 +6,8 @@
     minipar train [--steps N] [--batch B] [--micro-batches K] [--seq-len S] [--layers L]
                   [--hidden H] [--heads A] [--lr LR] [--warmup W] [--dtype D] [--seed N]
                   [--dp N] [--zero Z] [--dp-replicate R] [--pp N] [--schedule NAME]
-                  [--chunks V] [--tp N] [--sp] [--order ORDER]
+                  [--chunks V] [--tp N] [--sp] [--cp N] [--cp-method ring|ulysses]
+                  [--order ORDER]
                   [--nodes N] [--gpus-per-node G] [--make-vocab-size-divisible-by N]
                   [--experts E] [--top-k K] [--ep N] [--capacity-factor F] [--moe-every J]
                   [--aux-loss-coeff A] [--global-aux-loss] [--z-loss-coeff Z]
@@ -24,7 +25,6 @@ work. An exception from deeper inside is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
@@ -35,6 +35,7 @@ from .course import find_lesson, grade
 from .course.grading import TIME_LIMIT
 from .parallel.pp import SCHEDULES
 from .programs import examples, lessons, train_command
+from .programs import arguments as arg
 from .programs.incidents import INCIDENTS, get
 from .programs.tour import MAX_MEGABYTES, run_tour, tour_nbytes
 
@@ -80,42 +81,6 @@ def _grade(args: argparse.Namespace) -> int:
         return 2
     report = grade(args.lesson, args.impl, seconds_per_check=args.time_limit)
     return 0 if report.passed else 1
-
-
-def _number(cast, minimum, strict: bool, what: str, maximum=None, why: str = ""):
-    """An argparse `type=` that parses with `cast` and accepts finite values > minimum
-    (strict) or >= minimum, and <= maximum when given; the error says what was expected,
-    what was received and, for the maximum, why."""
-    def parse(text: str):
-        try:
-            v = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        ok = math.isfinite(v) and (v > minimum if strict else v >= minimum)
-        if not ok:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-        if maximum is not None and v > maximum:
-            top = f"{maximum:,}" if isinstance(maximum, int) else f"{maximum:g}"
-            raise argparse.ArgumentTypeError(f"must be at most {top}{why}, got {text}")
-        return v
-    return parse
-
-
-_positive_int = _number(int, 0, True, "a positive integer")
-_count = _number(int, 0, False, "an integer >= 0")
-_positive_float = _number(float, 0.0, True, "a positive number")
-_nonnegative_float = _number(float, 0.0, False, "a number >= 0")
-_steps = _number(int, 0, True, "a positive integer", maximum=1_000_000,
-                 why=" (about a day on this machine at the defaults)")
-_sample = _number(int, 0, False, "an integer >= 0", maximum=100_000,
-                  why=" characters (one forward per character)")
-_megabytes = _number(float, 0.0, True, "a positive number of MiB", maximum=MAX_MEGABYTES,
-                     why=" MiB (the tour holds about 80 copies of the buffer over its 8 ranks, "
-                         "5 GB at 64 MiB)")
-_width = _number(int, 0, True, "a positive number of columns", maximum=1000,
-                 why=" columns")
-_pp = _number(int, 0, True, "a positive integer", maximum=64,
-              why=" simulated devices (one thread each)")
 
 
 def _output_path(text: str) -> str:
@@ -186,9 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "chrome://tracing)")
     t.add_argument("--ascii", action="store_true",
                    help="print ASCII only: timelines, units, formulas and diagrams")
-    t.add_argument("--width", metavar="N", type=_width, default=72,
+    t.add_argument("--width", metavar="N", type=arg.width, default=72,
                    help="timeline width in columns, 1 to 1000 (72)")
-    t.add_argument("--megabytes", metavar="M", type=_megabytes, default=4.0,
+    t.add_argument("--megabytes", metavar="M", type=arg.megabytes, default=4.0,
                    help=f"per-rank buffer size of the costed collectives, in MiB, above 0 "
                         f"and at most {MAX_MEGABYTES:g}; rounded to whole float32 elements "
                         f"that split over 8 ranks (4)")
@@ -240,106 +205,116 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--impl", default="exercise", metavar="WHICH", type=_implementation,
                     help="exercise (default: your file), solution, or a path to a .py file")
     gr.add_argument("--time-limit", metavar="SECONDS", default=TIME_LIMIT,
-                    type=_number(float, 0, True, "a positive number of seconds"),
+                    type=arg.number(float, 0, True, "a positive number of seconds"),
                     help=f"stop a check that runs longer than this (default {TIME_LIMIT:g} s): "
                          "a loop that never ends, a collective some rank never joins")
     gr.set_defaults(func=_grade)
 
     tr = sub.add_parser("train", help="train a small GPT on the bundled corpus on one "
-                                      "simulated GPU or any dp x pp x tp layout of them and "
+                                      "simulated GPU or any dp x cp x pp x tp layout of them "
+                                      "and "
                                       "report loss, time, FLOPs and memory",
                         description="Train a character-level GPT on the bundled corpus on one "
                                     "simulated H100: gradient accumulation over micro-batches, "
                                     "global-norm clipping, AdamW with warmup and cosine decay, "
-                                    "mixed precision for bfloat16/float16; with --dp, --pp, "
-                                    "--tp on --dp x --pp x --tp simulated H100s (ZeRO, a "
-                                    "pipeline schedule, sequence parallelism, nodes), with "
+                                    "mixed precision for bfloat16/float16; with --dp, --cp, "
+                                    "--pp, --tp on that many simulated H100s (ZeRO, a "
+                                    "pipeline schedule, sequence and context parallelism, "
+                                    "nodes), with "
                                     "each rank's memory and where its step's time went.")
-    tr.add_argument("--steps", metavar="N", type=_steps, default=200,
+    tr.add_argument("--steps", metavar="N", type=arg.steps, default=200,
                     help="optimizer steps, at most 1,000,000 (200)")
-    tr.add_argument("--batch", metavar="B", type=_positive_int, default=32,
+    tr.add_argument("--batch", metavar="B", type=arg.positive_int, default=32,
                     help="global batch, in sequences (32)")
-    tr.add_argument("--micro-batches", metavar="K", type=_positive_int, default=1,
+    tr.add_argument("--micro-batches", metavar="K", type=arg.positive_int, default=1,
                     help="gradient-accumulation micro-batches per step; must divide --batch (1)")
-    tr.add_argument("--seq-len", metavar="S", type=_positive_int, default=32,
+    tr.add_argument("--seq-len", metavar="S", type=arg.positive_int, default=32,
                     help="characters per sequence (32)")
-    tr.add_argument("--layers", metavar="L", type=_positive_int, default=2,
+    tr.add_argument("--layers", metavar="L", type=arg.positive_int, default=2,
                     help="transformer blocks (2)")
-    tr.add_argument("--hidden", metavar="H", type=_positive_int, default=64,
+    tr.add_argument("--hidden", metavar="H", type=arg.positive_int, default=64,
                     help="hidden size (64)")
-    tr.add_argument("--heads", metavar="A", type=_positive_int, default=4,
+    tr.add_argument("--heads", metavar="A", type=arg.positive_int, default=4,
                     help="attention heads; must divide --hidden (4)")
-    tr.add_argument("--lr", metavar="LR", type=_positive_float, default=1e-2,
+    tr.add_argument("--lr", metavar="LR", type=arg.positive_float, default=1e-2,
                     help="peak learning rate; the cosine ends at a tenth of it (0.01)")
-    tr.add_argument("--warmup", metavar="W", type=_count, default=None,
+    tr.add_argument("--warmup", metavar="W", type=arg.count, default=None,
                     help="warmup steps (a tenth of --steps)")
     tr.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"),
                     default="float32", metavar="D",
                     help="float32 | bfloat16 | float16 | float64: parameters and activations; "
                          "the 16-bit ones with float32 master weights (float32)")
-    tr.add_argument("--seed", metavar="N", type=_count, default=0,
+    tr.add_argument("--seed", metavar="N", type=arg.count, default=0,
                     help="seed of the weights and the data (0)")
-    tr.add_argument("--dp", metavar="N", type=_pp, default=1,
+    tr.add_argument("--dp", metavar="N", type=arg.devices, default=1,
                     help="data-parallel ranks, each on its block of --batch, at most 64 (1)")
     tr.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, metavar="Z",
                     help="0: DDP over --dp; 1, 2, 3: ZeRO-1/2/3 (optimizer states, + "
                          "gradients, + parameters partitioned over --dp) (0)")
-    tr.add_argument("--dp-replicate", metavar="R", type=_pp, default=1,
+    tr.add_argument("--dp-replicate", metavar="R", type=arg.devices, default=1,
                     help="with --zero 1-3: shard over --dp / R ranks and replicate the shards "
                          "R times (HYBRID_SHARD's split: shard inside a node, replicate "
                          "across) (1)")
-    tr.add_argument("--pp", metavar="N", type=_pp, default=1,
+    tr.add_argument("--pp", metavar="N", type=arg.devices, default=1,
                     help="pipeline stages, one simulated device each, at most 64; "
                          "--micro-batches is then the pipeline's m (1: one device)")
     tr.add_argument("--schedule", choices=list(SCHEDULES), default=None, metavar="NAME",
                     help=" | ".join(SCHEDULES) + ": the pipeline's schedule (1f1b)")
-    tr.add_argument("--chunks", metavar="V", type=_positive_int, default=None,
+    tr.add_argument("--chunks", metavar="V", type=arg.positive_int, default=None,
                     help="stages per rank: any for interleaved_1f1b, 2 (implied) for the V "
                          "schedules zbv and dualpipev, 1 for the others (the schedule's own)")
-    tr.add_argument("--tp", metavar="N", type=_pp, default=1,
+    tr.add_argument("--tp", metavar="N", type=arg.devices, default=1,
                     help="tensor-parallel ranks (Megatron), at most 64; must divide --heads, "
                          "the MLP's 4 x --hidden and the vocabulary (1)")
     tr.add_argument("--sp", action="store_true",
                     help="sequence parallelism over the --tp group; --seq-len divides by --tp")
+    tr.add_argument("--cp", metavar="N", type=arg.devices, default=1,
+                    help="context-parallel ranks: each sequence's zigzag rows through "
+                         "attention over N ranks, gradients over --dp x --cp; --seq-len "
+                         "divides by 2N (1)")
+    tr.add_argument("--cp-method", choices=["ring", "ulysses"], default="ring",
+                    help="how attention reaches the other ranks' keys: K/V around a ring, "
+                         "or an all-to-all of heads (Ulysses; --heads / --tp divides by "
+                         "--cp) (ring)")
     tr.add_argument("--order", metavar="ORDER", default="tp-cp-ep-dp-pp",
                     help="how ranks are laid out, Megatron's order, fastest first: tp-pp-dp "
                          "puts dp across the nodes (tp-cp-ep-dp-pp)")
-    tr.add_argument("--nodes", metavar="N", type=_pp, default=None,
+    tr.add_argument("--nodes", metavar="N", type=arg.devices, default=None,
                     help="nodes of the simulated cluster (InfiniBand between them); the "
                          "ranks, tp fastest, fill a node before the next (derived)")
-    tr.add_argument("--gpus-per-node", metavar="G", type=_pp, default=None,
+    tr.add_argument("--gpus-per-node", metavar="G", type=arg.devices, default=None,
                     help="devices per node (NVLink inside it); --nodes x --gpus-per-node "
-                         "= --dp x --pp x --tp (one node of every rank)")
-    tr.add_argument("--make-vocab-size-divisible-by", metavar="N", type=_positive_int,
+                         "= --dp x --cp x --pp x --tp (one node of every rank)")
+    tr.add_argument("--make-vocab-size-divisible-by", metavar="N", type=arg.positive_int,
                     default=1, dest="vocab_divisible_by",
                     help="pad the vocabulary to a multiple of N, on every layout alike, so "
                          "--tp can split it (Megatron's flag) (1)")
     moe = tr.add_argument_group("mixture of experts (nn/moe, parallel/ep; DDP, no --sp)")
-    moe.add_argument("--experts", metavar="E", type=_count, default=0,
+    moe.add_argument("--experts", metavar="E", type=arg.count, default=0,
                      help="experts in each MoE block (0: dense MLPs) (0)")
-    moe.add_argument("--top-k", metavar="K", type=_positive_int, default=2,
+    moe.add_argument("--top-k", metavar="K", type=arg.positive_int, default=2,
                      help="experts each token is routed to, at most --experts (2)")
-    moe.add_argument("--ep", metavar="N", type=_pp, default=1,
+    moe.add_argument("--ep", metavar="N", type=arg.devices, default=1,
                      help="expert-parallel ranks, folded into --dp; divides --dp and "
                           "--experts (1)")
-    moe.add_argument("--capacity-factor", metavar="F", type=_positive_float, default=None,
+    moe.add_argument("--capacity-factor", metavar="F", type=arg.positive_float, default=None,
                      help="an expert keeps ceil(K x tokens / E x F) choices, the lowest "
                           "weights dropped (dropless)")
-    moe.add_argument("--moe-every", metavar="J", type=_positive_int, default=1,
+    moe.add_argument("--moe-every", metavar="J", type=arg.positive_int, default=1,
                      help="every J-th block is an MoE, from block 0 (1)")
-    moe.add_argument("--aux-loss-coeff", metavar="A", type=_nonnegative_float, default=0.01,
+    moe.add_argument("--aux-loss-coeff", metavar="A", type=arg.nonnegative_float, default=0.01,
                      help="the load-balancing loss's weight, GShard/Switch (0.01)")
     moe.add_argument("--global-aux-loss", action="store_true",
                      help="measure that loss's expert loads over every data-parallel rank's "
                           "micro-batch (Megatron's global_aux_loss), not each rank's own")
-    moe.add_argument("--z-loss-coeff", metavar="Z", type=_nonnegative_float, default=0.0,
+    moe.add_argument("--z-loss-coeff", metavar="Z", type=arg.nonnegative_float, default=0.0,
                      help="the router z-loss's weight, ST-MoE (0)")
-    moe.add_argument("--bias-update-rate", metavar="G", type=_nonnegative_float, default=0.0,
+    moe.add_argument("--bias-update-rate", metavar="G", type=arg.nonnegative_float, default=0.0,
                      help="DeepSeek-V3's aux-loss-free bias step per optimizer step (0)")
-    tr.add_argument("--sample", type=_sample, default=0, metavar="N",
+    tr.add_argument("--sample", type=arg.sample, default=0, metavar="N",
                     help="print N characters generated by the trained model, at most "
                          "100,000 (0)")
-    tr.add_argument("--temperature", metavar="T", type=_nonnegative_float, default=0.0,
+    tr.add_argument("--temperature", metavar="T", type=arg.nonnegative_float, default=0.0,
                     help="sampling temperature for --sample; 0 is greedy (0)")
     tr.add_argument("--prompt", metavar="TEXT", default="The ",
                     help="text the sample continues ('The ')")
@@ -348,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--checkpoint-dir", metavar="DIR", default=None,
                     help="save a sharded checkpoint into DIR/step-NNNNNNNN every --save-every "
                          "steps (none)")
-    tr.add_argument("--save-every", metavar="N", type=_positive_int, default=10,
+    tr.add_argument("--save-every", metavar="N", type=arg.positive_int, default=10,
                     help="steps between checkpoints (10)")
     tr.add_argument("--resume", metavar="DIR", default=None,
                     help="continue from the newest complete checkpoint in DIR, at any layout "

@@ -31,6 +31,7 @@ import os
 import re
 from typing import Optional
 
+from ..parallel.mesh import ParallelDims, check_context
 from ..parallel.pp import SCHEDULES, ScheduleError, own_chunks, schedule
 from ..parallel.tp import check_tensor_parallel
 from ..plan.training_memory import TrainingMemory, training_memory
@@ -170,13 +171,14 @@ def in_flags(text: str) -> str:
 
 def layout_flag_error(dp: int, pp: int, tp: int, zero: int, sp: bool, nodes: Optional[int],
                       gpus_per_node: Optional[int], batch: int, microbatches: int,
-                      dtype: str, mcfg, dp_replicate: int = 1) -> Optional[str]:
+                      dtype: str, mcfg, dp_replicate: int = 1, cp: int = 1) -> Optional[str]:
     """What `minipar train` must refuse in --dp, --dp-replicate, --tp, --zero, --sp, --nodes,
     --gpus-per-node, said in flag names, or None. `mcfg`: the GPTConfig the flags describe
     (its vocabulary padded as --make-vocab-size-divisible-by says); the tensor-parallel
     split is the library's own check (check_tensor_parallel)."""
-    world = dp * pp * tp
-    sizes = f"--dp {dp} x --pp {pp} x --tp {tp} = {world} ranks"
+    world = dp * cp * pp * tp
+    sizes = (f"--dp {dp} x " + (f"--cp {cp} x " if cp > 1 else "") +
+             f"--pp {pp} x --tp {tp} = {world} ranks")
     if world > MAX_RANKS:
         return f"{sizes}, more than minipar lays out ({MAX_RANKS}); lower one of them"
     if zero and dp == 1:
@@ -230,6 +232,26 @@ def tp_in_flags(text: str) -> str:
     text = re.sub(r"\bnum_heads\b", "--heads", text)
     text = re.sub(r"\bseq_len\b", "--seq-len", text)
     return re.sub(r"\bffn_hidden\b", "the MLP's width (4 x --hidden)", text)
+
+
+def cp_flag_error(args, mcfg) -> Optional[str]:
+    """What `minipar train` must refuse in --cp and --cp-method, in flag names: the
+    library's check (parallel/mesh/context.py) on the run's model and layout."""
+    if args.cp == 1:
+        return None
+    if args.experts:
+        return (f"--cp {args.cp} with --experts is not composed: a mixture of experts' "
+                f"capacity and balancing losses are per sequence; use --cp 1 with --experts")
+    dims = ParallelDims(dp_replicate=args.dp, cp=args.cp, tp=args.tp, pp=args.pp)
+    try:
+        check_context(mcfg, dims, args.cp_method, "zigzag", args.sp)
+    except ValueError as e:
+        text = re.sub(r"\bseq_len = ", "--seq-len ", str(e))
+        text = re.sub(r"\bcp = (\d+)", r"--cp \1", text)
+        text = re.sub(r"\btp = (\d+)", r"--tp \1", text)
+        text = text.replace("choose seq_len accordingly", "choose --seq-len accordingly")
+        return text.replace("cp_method='ring'", "--cp-method ring")
+    return None
 
 
 def moe_flag_error(args) -> Optional[str]:

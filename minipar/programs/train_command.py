@@ -21,8 +21,9 @@ from ..runtime.errors import RankFailedError
 from ..parallel.mesh import check_placement
 from . import train_report
 from .train import generate, train
-from .train_checks import (TrainingDiverged, TrainingRefused, divisors, in_flags,
-                           layout_flag_error, moe_flag_error, pipeline_flag_error, tp_in_flags)
+from .train_checks import (TrainingDiverged, TrainingRefused, cp_flag_error, divisors,
+                           in_flags, layout_flag_error, moe_flag_error, pipeline_flag_error,
+                           tp_in_flags)
 from .train_config import TrainConfig, gpt_config
 from .train_parallel import train_parallel
 from .train_resume import recovery_from_args, failure_report, resume_note
@@ -53,7 +54,10 @@ def check_flags(args: argparse.Namespace, warmup: int) -> None:
                       num_layers=args.layers, dtype=args.dtype, seed=args.seed)
     error = layout_flag_error(args.dp, args.pp, args.tp, args.zero, args.sp, args.nodes,
                               args.gpus_per_node, args.batch, args.micro_batches, args.dtype,
-                              mcfg, args.dp_replicate)
+                              mcfg, args.dp_replicate, args.cp)
+    if error:
+        args.parser.error(error)
+    error = cp_flag_error(args, mcfg)
     if error:
         args.parser.error(error)
     error = moe_flag_error(args)
@@ -72,7 +76,8 @@ def _config(args: argparse.Namespace, warmup: int) -> TrainConfig:
                        lr=args.lr, warmup_steps=warmup, min_lr=args.lr / 10,
                        dtype=args.dtype, seed=args.seed, pp=args.pp,
                        schedule=args.schedule or "1f1b", chunks=args.chunks, dp=args.dp,
-                       tp=args.tp, sequence_parallel=args.sp, zero=args.zero,
+                       tp=args.tp, cp=args.cp, cp_method=args.cp_method,
+                       sequence_parallel=args.sp, zero=args.zero,
                        dp_replicate=args.dp_replicate, order=args.order,
                        nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                        vocab_divisible_by=args.vocab_divisible_by, experts=args.experts,

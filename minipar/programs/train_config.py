@@ -1,7 +1,7 @@
 """What `minipar train` trains, on which layout, and what it measured: TrainConfig, StepInfo,
 TrainResult.
 
-A layout is dp x pp x tp simulated devices (ParallelDims; tp fastest, pp slowest, as
+A layout is dp x cp x pp x tp simulated devices (ParallelDims; tp fastest, pp slowest, as
 Megatron orders them) on `nodes` nodes of `gpus_per_node` (Topology.nodes): every size 1 is
 one device, trained by train.py; any other layout by train_parallel.py, from the same
 weights, data, optimizer, learning rates and clipping. The configuration refuses what the
@@ -21,7 +21,7 @@ from ..data import CharTokenizer, load_corpus
 from ..nn.config import GPTConfig
 from ..nn.gpt import GPT
 from ..nn.moe import MoEConfig
-from ..parallel.mesh import DEFAULT_ORDER, ParallelDims
+from ..parallel.mesh import CP_METHODS, DEFAULT_ORDER, ParallelDims, check_context
 from ..parallel.mesh.pipeline import check_tied_on_one_rank
 from ..parallel.pp import own_chunks, schedule, split_layers
 from ..parallel.tp import check_tensor_parallel, padded_vocab_size
@@ -68,8 +68,10 @@ class TrainConfig:
     `num_microbatches`; `chunks` None is the schedule's own (1, or 2 in a V).
     Layout: `dp` data-parallel ranks (`zero` 0: DDP, 1-3: ZeRO-1/2/3 over them, or over
     dp / `dp_replicate` of them, replicated `dp_replicate` times: HYBRID_SHARD's split), `tp`
-    tensor-parallel ranks (`sequence_parallel` splits the sequence over them too), `pp`
-    stages, on `nodes` x `gpus_per_node` (None: derived from the other, or one node), ranks
+    tensor-parallel ranks (`sequence_parallel` splits the sequence over them too), `cp`
+    context-parallel ranks (each sequence's zigzag rows through `cp_method` "ring" or
+    "ulysses" attention; gradients over dp x cp), `pp` stages, on `nodes` x
+    `gpus_per_node` (None: derived from the other, or one node), ranks
     laid out in Megatron's `order`, fastest first (ParallelDims; default tp-cp-ep-dp-pp).
     `vocab_divisible_by`: the vocabulary padded to a multiple of it (Megatron's
     make-vocab-size-divisible-by) on every layout alike, so that tp can split it.
@@ -100,6 +102,8 @@ class TrainConfig:
     chunks: Optional[int] = None
     dp: int = 1
     tp: int = 1
+    cp: int = 1
+    cp_method: str = "ring"
     sequence_parallel: bool = False
     zero: int = 0
     dp_replicate: int = 1
@@ -122,7 +126,7 @@ class TrainConfig:
             object.__setattr__(self, "chunks", own_chunks(self.schedule))
         for name, minimum in (("steps", 1), ("global_batch", 1), ("num_microbatches", 1),
                               ("warmup_steps", 0), ("seed", 0), ("log_every", 1), ("pp", 1),
-                              ("chunks", 1), ("dp", 1), ("tp", 1), ("zero", 0),
+                              ("chunks", 1), ("dp", 1), ("tp", 1), ("cp", 1), ("zero", 0),
                               ("dp_replicate", 1), ("vocab_divisible_by", 1),
                               ("experts", 0), ("top_k", 1), ("ep", 1), ("moe_every", 1)):
             _check_int(name, getattr(self, name), minimum)
@@ -145,6 +149,9 @@ class TrainConfig:
         if not self.clip > 0:  # also refuses nan
             raise ValueError(f"TrainConfig.clip must be > 0 (math.inf turns clipping off), "
                              f"got {self.clip}")
+        if self.cp_method not in CP_METHODS:
+            raise ValueError(f"TrainConfig.cp_method must be one of {CP_METHODS}, got "
+                             f"{self.cp_method!r}")
         if self.dtype not in TRAIN_DTYPES:
             raise ValueError(f"TrainConfig.dtype must be one of {TRAIN_DTYPES}, "
                              f"got {self.dtype!r}")
@@ -161,8 +168,8 @@ class TrainConfig:
 
     @property
     def world_size(self) -> int:
-        """Simulated devices: dp x pp x tp."""
-        return self.dp * self.pp * self.tp
+        """Simulated devices: dp x cp x pp x tp."""
+        return self.dp * self.cp * self.pp * self.tp
 
     @property
     def parallel(self) -> bool:
@@ -176,7 +183,7 @@ class TrainConfig:
         rep = self.dp if self.zero == 0 else self.dp_replicate
         shard = 1 if self.zero == 0 else self.dp // self.dp_replicate
         return ParallelDims(dp_replicate=rep, dp_shard=shard, pp=self.pp, tp=self.tp,
-                            ep=self.ep, order=self.order)
+                            cp=self.cp, ep=self.ep, order=self.order)
 
     def topology(self) -> Topology:
         """nodes x gpus_per_node devices: both given, one derived from world_size, or one
@@ -212,11 +219,11 @@ class TrainConfig:
             if size is not None and (isinstance(size, bool) or not isinstance(size, int)
                                      or size < 1 or self.world_size % size):
                 raise ValueError(f"{what}={size!r} must be a positive divisor of the world "
-                                 f"dp x pp x tp = {self.world_size}")
+                                 f"dp x cp x pp x tp = {self.world_size}")
         topo = self.topology()
         if topo.world_size != self.world_size:
             raise ValueError(f"nodes={topo.num_nodes} x gpus_per_node={topo.gpus_per_node} = "
-                             f"{topo.world_size} devices, but dp x pp x tp = "
+                             f"{topo.world_size} devices, but dp x cp x pp x tp = "
                              f"{self.world_size}: make the two products equal")
         self._check_experts()
         if self.sequence_parallel and self.tp == 1:
@@ -228,6 +235,7 @@ class TrainConfig:
                              "use dtype='bfloat16' (float32's range) or 'float32'")
         mcfg = self.model_config(CharTokenizer.from_text(load_corpus()).vocab_size)
         check_tensor_parallel(mcfg, self.tp, self.sequence_parallel)
+        check_context(mcfg, dims, self.cp_method, "zigzag", self.sequence_parallel)
         if self.pipelined:
             acts = schedule(self.schedule, self.pp, self.num_microbatches, self.chunks)
             check_tied_on_one_rank(mcfg, acts, self.zero, None)
@@ -326,7 +334,7 @@ class TrainResult:
     memory_estimate: TrainingMemory      # what was checked before allocating (train_checks)
     model: GPT = field(repr=False)
     tokenizer: CharTokenizer = field(repr=False)
-    world_size: int = 1                  # simulated devices: dp x pp x tp
+    world_size: int = 1                  # simulated devices: dp x cp x pp x tp
     bubble: float = 0.0                  # the schedule's idle share with equal stages:
     #                                      idle / (p x makespan), a share of the step
     bubble_over_ideal: float = 0.0       # the same idle / busy: the papers' bubble fraction

@@ -1,4 +1,5 @@
-"""Training the GPT on dp x pp x tp simulated devices: `minipar train --dp D --pp P --tp T`.
+"""Training the GPT on dp x cp x pp x tp simulated devices: `minipar train --dp D --pp P
+--tp T --cp C`.
 
     run = parallelize(model config, cfg.dims, zero=z, sequence_parallel=sp, schedule=...,
                       microbatches=m, chunks=v, max_grad_norm=clip, lr=..., ...)
@@ -97,6 +98,8 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
         device_name, peak_flops = ctx.device.name, dict(ctx.device.peak_flops)
     piped = dict(schedule=cfg.schedule, microbatches=cfg.num_microbatches,
                  chunks=cfg.chunks) if cfg.pipelined else {}
+    if cfg.cp > 1:
+        piped.update(cp_method=cfg.cp_method)  # the rows: zigzag, parallelize's default
     m = None if cfg.pipelined else cfg.num_microbatches  # a schedule brings its own m
 
     def program(ctx):

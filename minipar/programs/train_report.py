@@ -137,7 +137,8 @@ def layout(cfg) -> str:
     dp = f"dp {cfg.dp}" + (f" (ZeRO-{cfg.zero}{hybrid})" if cfg.zero else
                            " (DDP)" if cfg.dp > 1 else "")
     tp = f"tp {cfg.tp}" + (" + SP" if cfg.sequence_parallel else "")
-    return (f"{dp} x pp {cfg.pp} x {tp} = {cfg.world_size} ranks, laid out in the order "
+    cp = f" x cp {cfg.cp} ({cfg.cp_method}, zigzag rows)" if cfg.cp > 1 else ""
+    return (f"{dp}{cp} x pp {cfg.pp} x {tp} = {cfg.world_size} ranks, laid out in the order "
             f"{cfg.order} (Megatron's, fastest first)")
 
 

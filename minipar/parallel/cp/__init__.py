@@ -19,7 +19,7 @@ generator it passes, and which groups reduce the gradients (dp x cp) are paralle
 from .blocks import Block, causal_allowed, pair_kind, plan_block
 from .blockwise import block_backward, block_forward
 from .costs import (AttentionBytes, attention_work, rank_units, ring_attention_bytes,
-                    ring_attention_flops, ulysses_attention_bytes)
+                    ring_attention_flops, ring_hidden_length, ulysses_attention_bytes)
 from .layout import (LAYOUTS, check_layout, chunk_size, chunks, contiguous_chunks, positions,
                      sequence_order, shard, unshard, zigzag_chunks)
 from .merge import logsigmoid, merge, merge_ref, sigmoid
@@ -28,7 +28,8 @@ from .ulysses import check_heads, ulysses_attention_backward, ulysses_attention_
 
 __all__ = ["Block", "causal_allowed", "pair_kind", "plan_block", "block_forward",
            "block_backward", "AttentionBytes", "attention_work", "rank_units",
-           "ring_attention_bytes", "ring_attention_flops", "ulysses_attention_bytes",
+           "ring_attention_bytes", "ring_attention_flops", "ring_hidden_length",
+           "ulysses_attention_bytes",
            "LAYOUTS", "check_layout", "chunk_size", "chunks", "contiguous_chunks",
            "positions", "sequence_order", "shard", "unshard", "zigzag_chunks", "logsigmoid",
            "merge", "merge_ref", "sigmoid", "pass_around", "ring_attention_forward",

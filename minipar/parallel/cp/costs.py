@@ -27,10 +27,12 @@ gives every rank 1/cp (rank r's chunk r sees r + 1/2, its chunk 2cp−1−r sees
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Optional
 
+from ...runtime.topology import Link
 from .blocks import plan_block
 from .layout import Layout, check_layout, chunks
 
@@ -91,3 +93,31 @@ def ring_attention_flops(layout: Layout, rank: int, cp: int, s: int, b: int,
     unit = 2.0 * b * num_heads * c * c * head_dim
     units = float(rank_units(layout, rank, cp))
     return 2 * units * unit, 5 * units * unit
+
+
+def ring_hidden_length(b: int, h: int, cp: int, itemsize: int, peak_flops: float,
+                       link: Link) -> int:
+    """The shortest s at which a zigzag ring's K/V send hides behind each step's block:
+    8·b·c²·h / F >= α + 4·c·b·h·e / B, with c = s/(2·cp). -> s, a multiple of 2·cp
+
+    Under zigzag every step computes 2 chunk pairs' worth (2 units of c x c), 2 products
+    each forward (q k^T, p v: 2·b·c²·h FLOPs a unit and product), at the device's peak F;
+    the message is this rank's K and V, 2c rows of b·h elements of e bytes each, over a
+    link of latency α and bandwidth B. Above the root of the quadratic the send is free;
+    below it every step waits for it (the clock then runs (cp − 1)·T_send + T_block).
+    The root is about F·e/(2B) tokens a chunk when α is small: on an H100 in bf16, 2.2k
+    over NVLink 4 and 20k over InfiniBand NDR, whatever b and h.
+    """
+    if min(b, h, cp, itemsize) < 1 or peak_flops <= 0:
+        raise ValueError(f"ring_hidden_length: b, h, cp, itemsize must be >= 1 and "
+                         f"peak_flops > 0; got b={b}, h={h}, cp={cp}, itemsize={itemsize}, "
+                         f"peak_flops={peak_flops}")
+    A = 8.0 * b * h / peak_flops  # seconds a chunk's square: the step's compute is A·c²
+    beta = 4.0 * b * h * itemsize / link.bandwidth  # seconds a token of chunk: the send
+    c = (beta + math.sqrt(beta * beta + 4.0 * A * link.latency)) / (2.0 * A)
+    c = max(1, math.ceil(c - 1e-9))
+    while A * (c - 1) ** 2 >= link.latency + beta * (c - 1) and c > 1:  # rounding guard
+        c -= 1
+    while A * c * c < link.latency + beta * c:
+        c += 1
+    return 2 * cp * c

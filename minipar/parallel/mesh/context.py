@@ -39,20 +39,21 @@ from ..cp import (LAYOUTS, check_heads, chunk_size, positions, ring_attention_ba
                   ring_attention_forward, ulysses_attention_backward,
                   ulysses_attention_forward)
 from ..tp import LOCAL_CORE, AttentionCore
+from .dims import ParallelDims
 from .groups import ParallelGroups
 
 #: how attention reaches the other ranks' keys: K/V around a ring, or heads all-to-all
 CP_METHODS = ("ring", "ulysses")
 
 
-def check_context(cfg: GPTConfig, groups: ParallelGroups, method: str, layout: str,
+def check_context(cfg: GPTConfig, dims: ParallelDims, method: str, layout: str,
                   sequence_parallel: bool) -> None:
     """Refuse what context parallelism does not compose with, naming the fix."""
     if method not in CP_METHODS:
         raise ValueError(f"cp_method must be one of {CP_METHODS}, got {method!r}")
     if layout not in LAYOUTS:
         raise ValueError(f"cp_layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
-    cp, tp = groups.dims.cp, groups.dims.tp
+    cp, tp = dims.cp, dims.tp
     if cp == 1:
         return
     if cfg.dropout > 0:

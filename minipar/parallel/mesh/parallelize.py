@@ -279,7 +279,7 @@ def parallelize(cfg: GPTConfig, dims: ParallelDims, *, zero: Optional[int] = Non
         raise ValueError(f"groups were built for {groups.dims}, not {dims}")
     if cfg.moe is not None:
         check_moe(cfg, groups, zero, sharding_strategy, sequence_parallel)
-    check_context(cfg, groups, cp_method, cp_layout, sequence_parallel)
+    check_context(cfg, dims, cp_method, cp_layout, sequence_parallel)
     actions = pipeline_schedule(dims.pp, schedule, microbatches, chunks)
     if actions is None and layers is not None:
         raise ValueError(f"layers={layers!r} splits the blocks among pipeline stages, but "
