@@ -668,6 +668,87 @@ INHERENT.update({
     "q79": [{"whole", "global_"}],  # the summed counts give the global loss exactly
 })
 
+# ---- lesson 09: context parallelism ----------------------------------------------------
+PEAK_BF16 = 989e12  # H100 bf16 dense
+
+
+def _crossover(b, h, cp, e, bw, alpha):
+    """s with 2bhs²/(cp² P) = alpha + 2(s/cp)bh·e/bw: one zigzag step's compute against
+    its K/V send, solved for s by the quadratic formula."""
+    qa, qb = 2 * b * h / (cp**2 * PEAK_BF16), 2 * b * h * e / (cp * bw)
+    return (qb + math.sqrt(qb**2 + 4 * qa * alpha)) / (2 * qa)
+
+
+def _exposed(s, b, h, cp, bw, alpha):
+    """(cp - 1) · max(0, T_s - T_c): what a ring forward's sends add to its compute."""
+    t_c = 2 * b * h * s**2 / (cp**2 * PEAK_BF16)
+    return (cp - 1) * max(0.0, alpha + 2 * (s / cp) * b * h * 2 / bw - t_c)
+
+
+X84 = {"nv": _crossover(2, 5120, 8, 2, NV_B, NV_A), "ib": _crossover(2, 5120, 8, 2, IB_B, IB_A)}
+KV90 = 2 * 131072 * 1 * 128 * 2  # K and V of one KV head over the whole sequence, bf16
+SH87 = 8192 * 6144 * 2  # one rank's [s/cp, b, h] in bf16 at cp = 8
+L91 = 65536 * 12288  # s·b·h
+EXPECTED.update({
+    "q80": dict(s=6000, b=3, h=5120, n=5, s_mb=6000 * 3 * 5120 * 2 / 1e6,
+                megatron_mb=2 * 4 / 5 * 6000 * 3 * 5120 * 2 / 1e6,
+                ulysses_mb=4 / 5 * 4 * 1200 * 3 * 5120 * 2 / 1e6,
+                ring_mb=4 * 2 * 1200 * 3 * 5120 * 2 / 1e6, sends=4, tokens_ring=1200),
+    "q81": dict(lse1=1000.7, lse2=997.9, out1=0.31, out2=-0.58,
+                w1=1 / (1 + math.exp(-2.8)), w2=1 / (1 + math.exp(2.8)),
+                out=(0.31 * math.exp(2.8) - 0.58) / (math.exp(2.8) + 1),
+                lse=1000.7 + math.log(1 + math.exp(-2.8)),
+                f64=math.log(1.7976931348623157e308), f32=math.log(3.4028234663852886e38),
+                naive="nan"),
+    "q82": dict(s=48, cp=3, chunks=6, c=8,
+                contiguous="rank 0: 0–15; rank 1: 16–31; rank 2: 32–47",
+                zigzag="rank 0: 0–7 and 40–47; rank 1: 8–15 and 32–39; rank 2: 16–23 and 24–31",
+                work_contiguous="1/9, 1/3, 5/9", work_zigzag="1/3, 1/3, 1/3",
+                last_over_first=5, slower=5 / 3),
+    "q83": dict(cp=5, blocks=25, full=10, diagonal=5, skipped=10, units=12.5, sends_fwd=4,
+                sends_bwd=9),
+    "q84": dict(b=2, h=5120, cp=8, nv_s=X84["nv"], ib_s=X84["ib"], nv_rank=X84["nv"] / 8,
+                ib_rank=X84["ib"] / 8, link_ratio=9.0, bwd_factor=1.2,
+                gqa_s=_crossover(2, 5120, 8, 2 / 8, IB_B, IB_A),
+                tail_ms=(IB_A + 2 * math.floor(X84["ib"] / 8) * 2 * 5120 * 4 / IB_B) * 1e3),
+    "q85": dict(s=24576, b=1, h=5120, cp=6, fwd_mb=5 * 2 * 4096 * 5120 * 2 / 1e6,
+                dkv_mb=6 * 2 * 4096 * 5120 * 4 / 1e6,
+                bwd_mb=(5 * 2 * 4096 * 5120 * 2 + 6 * 2 * 4096 * 5120 * 4) / 1e6,
+                ratio=1 + (6 * 4) / (5 * 2), uly_mb=5 / 6 * 4 * 4096 * 5120 * 2 / 1e6),
+    "q86": dict(heads=40, tp=8, tp2=4, cp=16, per_rank=5, per_rank2=10, options="1, 5",
+                options2="1, 2, 5, 10", message="num_heads = 5 is not divisible by cp = 16"),
+    "q87": dict(s=65536, b=1, h=6144, cp_small=2, cp_big=8,
+                ring_small=2 * 32768 * 6144 * 2 / 1e6, uly_small=1 / 2 * 4 * 32768 * 6144 * 2 / 1e6,
+                ring_big=7 * 2 * SH87 / 1e6, uly_big=7 / 8 * 4 * SH87 / 1e6,
+                uly_node_ms=(14 * NV_A + 7 / 8 * 4 * SH87 / NV_B) * 1e3,
+                uly_nodes_ms=(14 * IB_A + 7 / 8 * 4 * SH87 / IB_B) * 1e3,
+                ring_node_ms=_exposed(65536, 1, 6144, 8, NV_B, NV_A) * 1e3,
+                ring_nodes_ms=_exposed(65536, 1, 6144, 8, IB_B, IB_A) * 1e3),
+    "q88": dict(cp=8, first="1/64", last="15/64", times=15, even="1/8", ratio=15 / 8,
+                measured=lambda v: abs(v - 15 / 8) < 0.01),
+    "q89": dict(s=32, b=2, heads=4, d=16, cp_big=8, one_fwd=lambda v: 1e-4 < v < 2e-2,
+                one_bwd=lambda v: 1e-4 < v < 2e-2, growth_fwd=lambda v: 0.5 < v < 1.5,
+                growth_bwd=lambda v: 0.5 < v < 1.5, vs_one=lambda v: 0.5 < v < 2),
+    "q90": dict(s=131072, cp=16, tp=8, h=16384, heads=128, kv_heads=8, kv=1,
+                gather_mb=KV90 / 1e6, gather_ms=(15 * IB_A + 15 / 16 * KV90 / IB_B) * 1e3,
+                mha_ms=(15 * IB_A + 15 / 16 * 16 * KV90 / IB_B) * 1e3,
+                attend_ms=2 * 16 * 128 * 131072**2 / 16 / PEAK_BF16 * 1e3,
+                rank_crossover=_crossover(1, 16 * 128, 16, 2 / 16, IB_B, IB_A) / 16,
+                tokens_rank=8192),
+    "q91": dict(s=65536, h=12288, a=96, t=8, cp=16,
+                none_gb=L91 * (34 / 8 + 5 * 96 * 65536 / (12288 * 8)) / 1e9,
+                flash_gb=L91 * 34 / 8 / 1e9, cp_gb=L91 / 16 * 34 / 8 / 1e9,
+                scores_share=1 - (34 / 8) / (34 / 8 + 5 * 96 * 65536 / (12288 * 8))),
+})
+INHERENT.update({
+    "q80": [{"megatron_mb", "ring_mb"}],  # the ring's forward is 2(n - 1)/n · S, as SP's
+    "q83": [{"full", "skipped"},  # cp(cp - 1)/2 each side of the diagonal
+            {"cp", "diagonal"}],  # one diagonal block a rank
+    "q87": [{"ring_small", "uly_small"}],  # at cp = 2 both send s·b·h·e
+    "q88": [{"ratio", "measured"}],  # the clock measures the formula
+    "q90": [{"kv_heads", "tp"}],  # Llama 3 sets tp to its KV heads: one a tp rank, none copied
+})
+
 
 def placeholders(fmt):
     return [(name, spec) for _, name, spec, _ in string.Formatter().parse(fmt) if name]
@@ -677,10 +758,10 @@ def placeholders(fmt):
 def test_at_least_25_questions_and_4_per_lesson_12_and_8_for_pipelines():
     assert len(bank.QUESTIONS) >= 25
     per_lesson = collections.Counter(q.lesson for q in bank.QUESTIONS)
-    assert set(per_lesson) == {"00", "01", "02", "03", "04", "05", "06", "07", "08"}
+    assert set(per_lesson) == {"00", "01", "02", "03", "04", "05", "06", "07", "08", "09"}
     assert all(count >= 4 for count in per_lesson.values()), per_lesson
     assert per_lesson["05"] >= 12 and per_lesson["06"] >= 8 and per_lesson["07"] >= 12
-    assert per_lesson["08"] >= 12
+    assert per_lesson["08"] >= 12 and per_lesson["09"] >= 10
     ids = [q.id for q in bank.QUESTIONS]
     assert ids == [f"q{i:02d}" for i in range(1, len(ids) + 1)]
     lessons = [q.lesson for q in bank.QUESTIONS]
@@ -927,5 +1008,5 @@ def test_lesson_and_quiz_options():
     shown = {q.id for q in bank.QUESTIONS if f"{q.id} " in out.stdout}
     assert shown == {q.id for q in bank.QUESTIONS if q.lesson == "01"}
     assert "A:" not in out.stdout
-    bad = run_bank("--lesson", "09")
+    bad = run_bank("--lesson", "99")
     assert bad.returncode == 2 and "no question matches" in bad.stderr

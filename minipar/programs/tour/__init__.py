@@ -17,6 +17,8 @@
     experts.py          13   a mixture of experts over ep = 4 in dp = 8: each expert's load,
                              the drops, the all-to-alls' bytes, the parameters a rank holds,
                              the step against one device
+    context.py          14   ring attention and Ulysses over cp = 4 in each node: both equal
+                             one device, zigzag's even FLOPs against contiguous's, the bytes
 
 Each part prints through `out` and checks what it shows against a formula or one device,
 and passes every launch it runs to `record`; `--trace` writes them all, one after another,
@@ -34,13 +36,14 @@ from .data_parallel import DP_ATOL_SCALE, DP_RTOL, data_parallel_part
 from .model import single_device_part
 from .pipeline_parallel import pipeline_parallel_part
 from .tensor_parallel import tensor_parallel_part
+from .context import context_part
 from .experts import experts_part
 from .three_d import three_d_part
 from .zero_bubble import zero_bubble_part
 
 #: the parts after the cluster's, in order: each takes `out` and `record`
 PARTS = (single_device_part, data_parallel_part, tensor_parallel_part, pipeline_parallel_part,
-         zero_bubble_part, three_d_part, experts_part)
+         zero_bubble_part, three_d_part, experts_part, context_part)
 
 
 def run_tour(out: Print = print, nbytes: int = 4 << 20, trace_path: Optional[str] = None,
