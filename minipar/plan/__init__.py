@@ -14,3 +14,9 @@ __all__ = ["model_flops", "model_flops_full_recompute", "selective_recompute_ext
            "best_segment", "sqrt_rule", "STAGE_NAMES", "model_state_bytes",
            "dp_comm_elements", "flat_padding", "zero_figure1", "memory_report",
            "format_memory_report"]
+
+# one rank's memory by category, for the planner (rank_memory.py, rank_states.py)
+from .rank_memory import RankMemory, layer_activation_bytes, rank_memory  # noqa: E402
+from .rank_states import Term, rank_parameters  # noqa: E402
+
+__all__ += ["RankMemory", "Term", "rank_memory", "rank_parameters", "layer_activation_bytes"]
