@@ -13,6 +13,8 @@
                   [--aux-loss-coeff A] [--global-aux-loss] [--z-loss-coeff Z]
                   [--bias-update-rate G]
                   [--sample N] [--temperature T] [--prompt TEXT] [--quiet]
+    minipar plan --model NAME --gpus N [--gpu a100|h100|h200|h800] [--global-batch B]
+                 [--seq S] [--micro-batch b] [--top K] [--json]
     minipar lessons [list | open NN | build [--check] [--force] [NN ...] | corpus [NN ...]]
     minipar grade NN [--impl exercise|solution|PATH] [--time-limit SECONDS]
     minipar --version
@@ -36,6 +38,7 @@ from .course.grading import TIME_LIMIT
 from .parallel.pp import SCHEDULES
 from .programs import examples, lessons, train_command
 from .programs import arguments as arg
+from .programs import plan_command
 from .programs.incidents import INCIDENTS, get
 from .programs.tour import MAX_MEGABYTES, run_tour, tour_nbytes
 
@@ -332,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="make RANK fail in STEP (from 1) as it begins, at a pipeline action "
                          "POINT such as 2F1, or at 'save' midway through a checkpoint")
     tr.set_defaults(func=_train, parser=tr)
+    plan_command.add_parser(sub, arg)
     return p
 
 

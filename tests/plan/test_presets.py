@@ -9,7 +9,8 @@ from minipar.runtime.topology import Link
 
 
 @pytest.mark.parametrize("name, total, active", [
-    ("llama3-8b", 8_030_261_248, 8_030_261_248),  # the released checkpoints' counts
+    ("llama2-7b", 6_738_415_616, 6_738_415_616),  # the released checkpoints' counts
+    ("llama3-8b", 8_030_261_248, 8_030_261_248),
     ("llama3-70b", 70_553_706_496, 70_553_706_496),
     ("llama3-405b", 405_853_388_800, 405_853_388_800),
     ("mixtral-8x7b", 46_702_792_704, 12_879_925_248),  # "47B total, 13B active"

@@ -1,0 +1,102 @@
+"""How fast a matrix multiplication runs: a fraction of the device's peak that grows with
+the GEMM's size, one small function the user can recalibrate.
+
+A GEMM C[M, N] = A[M, K] · B[K, N] performs 2·M·N·K FLOPs. Its time is
+
+    t = 2 M N K / (eff(M, N, K) · peak)
+    eff(M, N, K) = e_max · g(M) · g(N) · g(K),      g(x) = x / (x + x_half)
+
+e_max is the fraction of peak the largest GEMMs reach in a training run (the kernel's
+main loop, with everything a framework adds around it); g is the fall-off of a small
+dimension: a tensor-core kernel works on tiles, so a dimension of x_half elements wastes
+as much of each tile's pipeline (its prologue and epilogue, the partly filled last wave
+of tiles) as it uses. g is 1/2 at x = x_half and tends to 1; eff is monotone: it never
+falls when any dimension grows, and it is symmetric in M, N, K, so the two backward GEMMs
+of a layer (dX = dY·Wᵀ is [M, K] over N; dW = Xᵀ·dY is [K, N] over M) run at the
+forward's efficiency and the backward costs exactly twice the forward.
+
+    dimension x    128    256    768    1536   2048   6144   12288
+    g(x)           0.50   0.67   0.86   0.92   0.94   0.98   0.99      (x_half = 128)
+
+The calibration (A100_MEGATRON, used for the A100 preset): x_half = 128, the edge of the
+A100's largest bf16 tensor-core tile in cuBLAS and CUTLASS (128 x 128 x 32), is fixed, not
+fitted; e_max is the one number fitted, once, on one principle: it is the value at which
+the mean signed error of minipar's step time over the eight iteration times of Korthikanti
+et al. 2022, Table 5 (A100, Megatron-LM, dp = 1) is zero: e_max = 0.743 (calibrate_e_max's
+bisection gives 0.7425). Nothing is fitted per row; Narayanan et al. 2021's Table 1,
+measured on the same machines with the 2021 Megatron-LM, is predicted with the same number
+(tests/plan/test_step_time.py: test_the_calibration_is_the_zero_mean_fit_over_table5, and
+docs/planner.md for every row's error). For another device or code base fit e_max the
+same way (calibrate_e_max) on a set of its measured steps, or set it from a GEMM benchmark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+TILE = 128  # the A100's largest bf16 tensor-core tile edge (cuBLAS/CUTLASS 128 x 128 x 32)
+
+
+@dataclass(frozen=True)
+class GemmEfficiency:
+    """eff(M, N, K) = e_max · g(M) g(N) g(K), g(x) = x / (x + x_half) (module docstring)."""
+
+    e_max: float
+    x_half: float = TILE
+    source: str = ""
+
+    def __post_init__(self):
+        if not 0 < self.e_max <= 1:
+            raise ValueError(f"GemmEfficiency.e_max is a fraction of peak in (0, 1], got "
+                             f"{self.e_max!r}")
+        if self.x_half < 0:
+            raise ValueError(f"GemmEfficiency.x_half is a size >= 0, got {self.x_half!r}")
+
+    def g(self, x: float) -> float:
+        """x / (x + x_half): one dimension's share of the tile pipeline doing work."""
+        return x / (x + self.x_half)
+
+    def __call__(self, M: float, N: float, K: float) -> float:
+        """The fraction of peak a GEMM of [M, K] x [K, N] reaches."""
+        if min(M, N, K) <= 0:
+            raise ValueError(f"a GEMM's dimensions are positive, got M={M}, N={N}, K={K}")
+        return self.e_max * self.g(M) * self.g(N) * self.g(K)
+
+    def seconds(self, M: float, N: float, K: float, peak: float, count: float = 1) -> float:
+        """count GEMMs of [M, K] x [K, N]: 2 M N K count / (eff · peak)."""
+        return 2 * M * N * K * count / (self(M, N, K) * peak)
+
+    def with_e_max(self, e_max: float) -> "GemmEfficiency":
+        return GemmEfficiency(e_max, self.x_half, self.source)
+
+
+def calibrate_e_max(errors_at: Callable[[float], Sequence[float]], lo: float = 0.2,
+                    hi: float = 1.0, tol: float = 1e-6) -> float:
+    """The e_max at which the mean of errors_at(e_max) (signed relative errors of predicted
+    against measured step times, (predicted - measured) / measured) is zero, by bisection:
+    a larger e_max makes every GEMM faster, so the mean error falls as e_max grows."""
+    def mean(e: float) -> float:
+        errs = list(errors_at(e))
+        return sum(errs) / len(errs)
+
+    if mean(lo) < 0 or mean(hi) > 0:
+        raise ValueError(f"the mean error does not change sign between e_max = {lo} and "
+                         f"{hi}: no e_max in that range fits these measurements")
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mean(mid) > 0 else (lo, mid)
+    return (lo + hi) / 2
+
+
+#: fitted once as the module docstring says; tests/plan/test_step_time.py checks the fit
+A100_MEGATRON = GemmEfficiency(0.743, TILE, "e_max: zero mean error over Korthikanti et "
+                                            "al. 2022, Table 5; x_half: the A100 tile edge")
+
+DEFAULTS = {"A100-SXM-80GB": A100_MEGATRON}
+
+
+def default_gemm(device_name: str) -> GemmEfficiency:
+    """The calibrated efficiency of a device, or the A100's for a device with none: its
+    e_max is a property of the code base more than of the chip; recalibrate when you can."""
+    return DEFAULTS.get(device_name, A100_MEGATRON)
