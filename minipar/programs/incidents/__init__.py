@@ -6,7 +6,9 @@ prints what it measured and returns the numbers.
     b     pipeline_bubble     PP = 64 with 4 (or 32) micro-batches: the bubble bounds MFU
     c     zero3_recompute     ZeRO-3 + activation checkpointing peaks above ZeRO-2
 
-Every module has `run(out=print) -> dict`; `minipar incident <name>` runs one. To add an
+Each also sets the planner's prediction at the seed's own scale beside the seed's numbers
+(planned.py: which hold, which do not). Every module has `run(out=print) -> dict`;
+`minipar incident <name>` runs one. To add an
 incident, write its module, import it here and list it in INCIDENTS.
 """
 

@@ -42,6 +42,7 @@ from ...parallel.pp import PipelineRunner, build_stages, dry_run, lower, placeme
 from ...runtime import cost
 from ...runtime.launch import launch
 from ...runtime.topology import DeviceSpec, Topology
+from .planned import plan_b, report_b
 
 P = 64                    # the seed's pipeline depth
 SEED_M, SEED_FIX_M = 4, 32
@@ -131,10 +132,11 @@ def run(out: Callable[[str], Any] = print, mfu_stage: float = MFU_STAGE) -> dict
                "at_fix": SEED_FIX_MFU / cases["seed_fix"]["mfu_bound"]}
     needed = {"floor": floor_m, "at_assumed": real_m, "assumed_mfu": mfu_stage,
               "interleaved_m": inter_m, "interleaved_v": v}
-    for line in report(small, cases, implied, needed):
+    planned = plan_b()
+    for line in report(small, cases, implied, needed) + report_b(planned):
         out(line)
     return {"small": small, "cases": cases, "implied": implied, "needed": needed,
-            "t_F": t_F, "t_B": t_B}
+            "t_F": t_F, "t_B": t_B, "planned": planned}
 
 
 def report(small: dict, cases: dict, implied: dict, needed: dict) -> list[str]:

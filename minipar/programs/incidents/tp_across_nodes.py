@@ -69,6 +69,7 @@ from ...runtime.launch import launch
 from ...runtime.topology import Link, Topology
 from ...runtime.trace import Event
 from ...viz.timeline import measure as measure_times
+from .planned import plan_a, report_a
 
 # 2 nodes of 4 A100s: NVLink 3 (300 GB/s a direction) inside, IB HDR (25 GB/s a GPU) across
 CLUSTER = Topology.nodes(2, 4, DeviceSpec.a100_80gb(), Link.nvlink3(), Link.infiniband_hdr())
@@ -241,10 +242,10 @@ def run(out: Callable[[str], Any] = print, cfg: Optional[GPTConfig] = None,
              "seq_len": cfg.seq_len, "vocab": cfg.vocab_size, "global_batch": global_batch,
              "dtype": cfg.dtype, "parameters": cfg.num_parameters(),
              "topology": topology.describe(), "world": topology.world_size}
-    scale = at_scale(topology)
-    for line in report(model, results, scale, topology):
+    scale, planned = at_scale(topology), plan_a()
+    for line in report(model, results, scale, topology) + report_a(planned):
         out(line)
-    return {"model": model, "layouts": results, "at_scale": scale}
+    return {"model": model, "layouts": results, "at_scale": scale, "planned": planned}
 
 
 def _ranks(ranks: tuple[int, ...]) -> str:

@@ -56,6 +56,7 @@ from ...plan.training_memory import training_memory
 from ...runtime.launch import launch
 from ...runtime.ledger import CATEGORIES, fmt_bytes
 from ...runtime.topology import Topology
+from .planned import plan_c, report_c
 
 DP = 4
 MICRO_BATCH = 1  # sequences per rank
@@ -142,9 +143,10 @@ def run(out: Callable[[str], Any] = print, cfg: GPTConfig = MODEL) -> dict[str, 
              "dp": DP, "dtype": cfg.dtype, "parameters": cfg.num_parameters()}
     terms = segment_terms(cfg.num_layers, cfg.seq_len, MICRO_BATCH, cfg.hidden,
                           cfg.num_heads, cfg.dropout > 0)
-    for line in report(model, results, terms):
+    planned = plan_c()
+    for line in report(model, results, terms) + report_c(planned):
         out(line)
-    return {"model": model, "scenarios": results, "terms": terms}
+    return {"model": model, "scenarios": results, "terms": terms, "planned": planned}
 
 
 def report(model: dict, results: dict[str, dict], terms: dict) -> list[str]:
