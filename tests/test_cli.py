@@ -69,7 +69,7 @@ def test_tour_runs_and_reports(tmp_path, capsys):
     sections = [e for e in events if e["ph"] == "i"]
     numbers = [int(s["name"].split(".")[0]) for s in sections]
     assert numbers == sorted(numbers)
-    assert set(numbers) == {1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14}
+    assert set(numbers) == {1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
     starts = [s["ts"] for s in sections]
     assert starts == sorted(starts) and len(set(starts)) == len(starts)
     xs = [e for e in events if e["ph"] == "X"]

@@ -19,6 +19,8 @@
                              the step against one device
     context.py          14   ring attention and Ulysses over cp = 4 in each node: both equal
                              one device, zigzag's even FLOPs against contiguous's, the bytes
+    planner.py          15   the planner: its memory against a run's ledger to the byte, a
+                             70B layout's memory and time, the search for an 8B on 64 GPUs
 
 Each part prints through `out` and checks what it shows against a formula or one device,
 and passes every launch it runs to `record`; `--trace` writes them all, one after another,
@@ -34,6 +36,7 @@ from .cluster import ALIGN_BYTES, MAX_MEGABYTES, TOPOLOGY, cluster_parts, tour_n
 from .common import Print, Recorder, ascii_print, to_ascii
 from .data_parallel import DP_ATOL_SCALE, DP_RTOL, data_parallel_part
 from .model import single_device_part
+from .planner import planner_part
 from .pipeline_parallel import pipeline_parallel_part
 from .tensor_parallel import tensor_parallel_part
 from .context import context_part
@@ -43,7 +46,7 @@ from .zero_bubble import zero_bubble_part
 
 #: the parts after the cluster's, in order: each takes `out` and `record`
 PARTS = (single_device_part, data_parallel_part, tensor_parallel_part, pipeline_parallel_part,
-         zero_bubble_part, three_d_part, experts_part, context_part)
+         zero_bubble_part, three_d_part, experts_part, context_part, planner_part)
 
 
 def run_tour(out: Print = print, nbytes: int = 4 << 20, trace_path: Optional[str] = None,
