@@ -13,6 +13,7 @@ predicted (step_time.py). The candidates, for N GPUs of g per node:
     pp      a divisor of the layers (and of N / tp)
     cp      1, or a power of two up to 8 when the sequence is 16k tokens or longer
     dp      N / (tp · pp · cp), dividing the global batch
+    ep      a mixture of experts: a power of two dividing the experts and dp x cp
     the schedule  1F1B, and interleaved 1F1B with 2 or 3 chunks where the layers split
     memory  SP whenever tp > 1; Megatron's distributed optimizer (ZeRO-1) over dp, or ZeRO-3
             without a pipeline; recompute none, selective or full
@@ -20,8 +21,8 @@ predicted (step_time.py). The candidates, for N GPUs of g per node:
 Each plan carries the findings of the tuning checklist that apply to it, in its terms and
 with the fix: a tp group that crosses a node, a pipeline whose stages are not a factor or a
 multiple of the nodes, a bubble over 10 % of the step, exposed communication over 30 % of
-the compute, pipeline parallelism on a model of 7B or less, and a peak within 10 % of the
-device's memory.
+the compute, pipeline parallelism on a model of 7B or less, a mixture of experts without
+expert parallelism, and a peak within 10 % of the device's memory.
 """
 
 from __future__ import annotations
@@ -85,9 +86,11 @@ def candidates(model: ModelSpec, gpus: int, cluster: ClusterSpec, global_batch: 
                     schedules += [("interleaved_1f1b", v) for v in (2, 3)
                                   if model.layers % (pp * v) == 0 and m % pp == 0]
                 zeros = [(1, True)] if pp > 1 else [(1, True), (3, False)]
-                for (name, v), (zero, dist), recompute in itertools.product(
-                        schedules, zeros, ("none", "selective", "full")):
-                    yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, schedule=name, chunks=v,
+                eps = [e for e in _powers_of_two(model.experts or 1)
+                       if (model.experts or 1) % e == 0 and (dp * cp) % e == 0]
+                for (name, v), (zero, dist), recompute, ep in itertools.product(
+                        schedules, zeros, ("none", "selective", "full"), eps):
+                    yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, schedule=name, chunks=v,
                                  micro_batch=micro_batch, global_batch=global_batch,
                                  sequence_parallel=tp > 1, recompute=recompute,
                                  zero=0 if dist else zero, distributed_optimizer=dist)
@@ -112,6 +115,9 @@ def reasons(model: ModelSpec, lay: Layout, cluster: ClusterSpec, memory: RankMem
     if time.compute and time.exposed_communication > 0.30 * time.compute:
         out.append(f"communication {time.exposed_communication / time.compute:.0%} of "
                    f"compute exposed: lower tp or pp, or overlap more")
+    if model.experts and lay.ep == 1 and lay.dp * lay.cp > 1:
+        out.append(f"every rank holds all {model.experts} experts (ep 1): spread them over "
+                   f"ep ranks of dp x cp to cut their memory by ep")
     params = model.parameters()
     if lay.pp > 1 and params <= SMALL_MODEL:
         out.append(f"a {params / 1e9:.1f}B model needs no pipeline: DDP with ZeRO-2 (pp 1) "

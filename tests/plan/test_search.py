@@ -104,3 +104,14 @@ def test_bad_flags_are_usage_errors(flags, match, capsys):
     with pytest.raises(SystemExit) as e:
         main(["plan", *flags])
     assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_a_mixture_of_experts_is_planned_with_expert_parallelism():
+    """Checklist 5: a mixture of experts must add EP; the search spreads Mixtral's experts,
+    and a plan that keeps all 8 on every rank says so."""
+    plans = search(MODELS["mixtral-8x7b"], 32, H100, 64, top=None)
+    assert plans[0].layout.ep > 1
+    for p in plans:
+        flagged = any("holds all 8 experts" in r for r in p.reasons)
+        assert flagged == (p.layout.ep == 1 and p.layout.dp * p.layout.cp > 1)
