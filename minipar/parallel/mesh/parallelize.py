@@ -201,9 +201,9 @@ def build_engine(model, groups: ParallelGroups, *, zero: Optional[int] = None,
                          f"{dims.dp_shard}: give DDP's replicas as dp_replicate="
                          f"{dims.dp} (and dp_shard=1), or shard with zero>=1")
     if (zero not in (None, 0) or sharding_strategy not in (None, S.NO_SHARD)) \
-            and dims.dp_shard == 1 and dims.dp_replicate > 1:
-        raise ValueError(f"{what} partitions states over dp_shard, which is 1 in {dims}: "
-                         f"every shard group would hold one rank. Give the data-parallel "
+            and dims.dp_shard * dims.cp == 1 and dims.dp_replicate > 1:
+        raise ValueError(f"{what} partitions states over dp_shard (x cp), which is 1 in "
+                         f"{dims}: every shard group would hold one rank. Give the data-parallel "
                          f"ranks as dp_shard={dims.dp} (or split them: dp_shard x "
                          f"dp_replicate, HYBRID_SHARD-style)")
     if sharding_strategy in (S.FULL_SHARD, S.SHARD_GRAD_OP) and dims.dp_replicate > 1:

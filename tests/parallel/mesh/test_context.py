@@ -27,6 +27,8 @@ mesh_parallelize = importlib.import_module("minipar.parallel.mesh.parallelize")
 S = ShardingStrategy
 ENGINES = {"ddp": dict(zero=0), "zero1": dict(zero=1), "zero3": dict(zero=3),
            "full_shard": dict(sharding_strategy=S.FULL_SHARD)}
+REPLICATED = {"hybrid": dict(sharding_strategy=S.HYBRID_SHARD),  # dp replicas, shards over cp
+              "zero2_replicated": dict(zero=2)}
 
 
 def config(kit, cp, tp, recompute="none", layers=2, seed=0, sp=False):
@@ -40,7 +42,7 @@ def config(kit, cp, tp, recompute="none", layers=2, seed=0, sp=False):
 
 
 def dims_of(cp, dp, tp, pp, engine):
-    if engine == "ddp":
+    if engine == "ddp" or engine in REPLICATED:
         return ParallelDims(dp_replicate=dp, cp=cp, tp=tp, pp=pp)
     return ParallelDims(dp_shard=dp, cp=cp, tp=tp, pp=pp)
 
@@ -54,7 +56,8 @@ def run(kit, cp, dp, tp, pp, *, method="ring", layout="zigzag", engine="ddp", sp
     pipe = dict(schedule="1f1b", microbatches=m) if pp > 1 else {}
     res = kit.composed_run(cfg, batches, dims_of(cp, dp, tp, pp, engine), OPT,
                            sequence_parallel=sp, max_grad_norm=clip, cp_method=method,
-                           cp_layout=layout, placement="any", **ENGINES[engine], **pipe)
+                           cp_layout=layout, placement="any",
+                           **{**ENGINES, **REPLICATED}[engine], **pipe)
     return kit.reference_tuple(cfg, batches, m, clip), res
 
 
@@ -67,6 +70,8 @@ LAYOUTS = [  # (cp, dp, tp, pp, method, layout, engine, sp, why)
     (2, 1, 2, 1, "ring", "zigzag", "ddp", True, "tp with SP"),
     (2, 1, 2, 1, "ulysses", "zigzag", "ddp", False, "tp, Ulysses on a/t heads"),
     (2, 1, 1, 2, "ring", "zigzag", "ddp", False, "pp: rows of each micro-batch"),
+    (2, 2, 1, 1, "ring", "zigzag", "hybrid", False, "HYBRID_SHARD: shards over cp, dp replicas"),
+    (2, 2, 1, 1, "ulysses", "zigzag", "zero2_replicated", False, "ZeRO-2 over cp, dp replicas"),
 ]
 
 

@@ -60,7 +60,7 @@ def test_the_engine_and_its_groups(dims, kw, want):
 @pytest.mark.parametrize("dims, kw, words", [
     (ParallelDims(dp_shard=2), dict(zero=0), ["zero=0 shards nothing", "dp_replicate=2"]),
     (ParallelDims(dp_shard=2), dict(sharding_strategy=S.NO_SHARD), ["NO_SHARD shards nothing"]),
-    (ParallelDims(dp_replicate=2), dict(zero=1), ["dp_shard, which is 1", "dp_shard=2"]),
+    (ParallelDims(dp_replicate=2), dict(zero=1), ["dp_shard (x cp), which is 1", "dp_shard=2"]),
     (ParallelDims(dp_replicate=2, dp_shard=2), dict(sharding_strategy=S.FULL_SHARD),
      ["HYBRID_SHARD", "dp_replicate=2"]),
     (ParallelDims(dp_shard=2), dict(zero=1, sharding_strategy=S.FULL_SHARD), ["not both"]),
