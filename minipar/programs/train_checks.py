@@ -181,9 +181,10 @@ def layout_flag_error(dp: int, pp: int, tp: int, zero: int, sp: bool, nodes: Opt
              f"--pp {pp} x --tp {tp} = {world} ranks")
     if world > MAX_RANKS:
         return f"{sizes}, more than minipar lays out ({MAX_RANKS}); lower one of them"
-    if zero and dp == 1:
-        return (f"--zero {zero} partitions the training state over the data-parallel ranks, "
-                f"and --dp is 1: give --dp N (N > 1), or leave --zero out (DDP)")
+    if zero and dp * cp == 1:
+        return (f"--zero {zero} partitions the training state over the data-parallel ranks "
+                f"(and the context-parallel ones), and --dp is 1: give --dp N (N > 1), or "
+                f"leave --zero out (DDP)")
     if dp_replicate > 1 and (zero == 0 or dp % dp_replicate):
         return (f"--dp-replicate {dp_replicate} replicates ZeRO's shards over groups of --dp "
                 f"{dp} / {dp_replicate} ranks: give --zero 1, 2 or 3 and a --dp-replicate in "

@@ -201,9 +201,10 @@ class TrainConfig:
         """The library's own refusals of this layout, before anything runs."""
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"TrainConfig.zero is a ZeRO stage, 0 (DDP) to 3, got {self.zero}")
-        if self.zero and self.dp == 1:
-            raise ValueError(f"zero={self.zero} partitions states over the data-parallel "
-                             f"ranks, and dp = 1: give dp > 1, or zero=0")
+        if self.zero and self.dp * self.cp == 1:
+            raise ValueError(f"zero={self.zero} partitions states over the data- (and "
+                             f"context-) parallel ranks, and dp = cp = 1: give dp > 1, or "
+                             f"zero=0")
         if self.dp_replicate > 1 and (self.zero == 0 or self.dp % self.dp_replicate):
             raise ValueError(f"dp_replicate={self.dp_replicate} replicates ZeRO's shards: it "
                              f"needs zero >= 1 and must divide dp = {self.dp}")

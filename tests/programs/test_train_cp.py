@@ -19,7 +19,8 @@ LAYOUTS = {"cp 2 ring": dict(cp=2), "cp 4 Ulysses": dict(cp=4, cp_method="ulysse
            "dp 2 x cp 2": dict(dp=2, cp=2),
            "cp 2 x tp 2 + SP, ZeRO-1 over dp 2": dict(cp=2, tp=2, dp=2, zero=1,
                                                       sequence_parallel=True),
-           "cp 2 x pp 2": dict(cp=2, pp=2)}
+           "cp 2 x pp 2": dict(cp=2, pp=2),
+           "ZeRO-2 over cp 2 alone": dict(cp=2, zero=2)}
 
 
 @pytest.fixture(scope="module")
