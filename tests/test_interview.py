@@ -749,6 +749,127 @@ INHERENT.update({
     "q90": [{"kv_heads", "tp"}],  # Llama 3 sets tp to its KV heads: one a tp rank, none copied
 })
 
+# ---- lesson 10: planning a run -----------------------------------------------------------
+GIB = 2**30
+PEAK_A100 = 312e12  # A100 bf16 dense
+HBM_H100 = 3.35e12  # H100 HBM3, bytes/s
+
+
+def _g(x):
+    """A GEMM dimension's share of the tile pipeline: x / (x + 128)."""
+    return x / (x + 128)
+
+
+def _eff(M, N, K):
+    """e_max · g(M) g(N) g(K), e_max = 0.743 (the fit over Korthikanti et al.'s Table 5)."""
+    return 0.743 * _g(M) * _g(N) * _g(K)
+
+
+def _gpt_layer(h):
+    """A GPT layer's parameters: 12h² weights, 13h biases and LayerNorms."""
+    return 12 * h * h + 13 * h
+
+
+H530 = 20480  # the 530B: 105 layers on pp 35 x 3 chunks, the first rank 3 of them
+ENDS530 = (51200 // 8 + 2048) * H530  # ceil(V/t)·h embedding, s·h positions
+A94 = 34 * 2048 * 6144 / 8  # 34sbh/t a layer, s = 2048, h = 6144, t = 8
+F95 = 72 * 96 * 2048 * 48 * 6144**2 * (1 + 2048 / (6 * 6144) + 51200 / (12 * 48 * 6144))
+D95 = 5.3 * 64 * PEAK_A100
+T97, H97, S97, B97, A97, t97 = 6000, 5120, 3000, 2, 40, 4  # tokens b·s
+N97, FT97, Q97, SEL97 = T97 * H97 / t97, T97 * 4 * H97 / t97, T97 * 4 * H97 / t97, \
+    B97 * A97 / t97 * S97 * S97
+STREAM97 = (2 * 2 * 2 * N97 + 2 * 7 * N97 + 2 * 2 * FT97 + 2 * 2 * Q97  # forward, e = 2, r = 1
+            + 2 * 5 * 2 * N97 + 2 * 13 * N97 + 4 * 2 * FT97 + 2 * 2 * Q97)  # backward
+CORE97 = 2 * 2 * SEL97 + 5 * SEL97 + 3 * 2 * SEL97 + 5 * SEL97  # softmax, dropout each way
+GEMMS97 = [(T97, 3 * H97 / t97, H97, 1), (S97, S97, 128, B97 * A97 / t97),
+           (S97, 128, S97, B97 * A97 / t97), (T97, H97, H97 / t97, 1),
+           (T97, 4 * H97 / t97, H97, 1), (T97, H97, 4 * H97 / t97, 1)]
+GEMM97 = 3 * sum(2 * M * N * K * c / (_eff(M, N, K) * PEAK) for M, N, K, c in GEMMS97)
+S99 = 1.3e9 * 4
+PSI102 = 40 * _gpt_layer(5120) + 2 * 51200 * 5120 + 2048 * 5120 + 2 * 5120
+PSI104 = 32 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) + 2 * 32000 * 4096 + 4096
+EXPECTED.update({
+    "q92": dict(psi_b=34, mp=8, dp=24, gpu_gb=80, b18=18, b16=16, gb18=34 / 8 * 18,
+                gb16=34 / 8 * 16, dist_b=6 + 12 / 24, dist_gb=34 / 8 * 6.5, under=1 / 9,
+                left_gb=80 - 34 / 8 * 6.5),
+    "q93": dict(tp=8, pp=35, chunks=3, layers_per_rank=3,
+                layers_gib=18 * 12 * 3 * H530**2 / 8 / GIB, ends_m=ENDS530 / 1e6,
+                model_gib=18 * (3 * (12 * H530**2 / 8 + 7 * H530 / 8 + 6 * H530) + ENDS530)
+                / GIB,
+                more=(3 * (12 * H530**2 / 8 + 7 * H530 / 8 + 6 * H530) + ENDS530)
+                / (3 * 12 * H530**2 / 8) - 1,
+                held=35 * 3 + 35 - 1, acts_gib=139 * 34 * 2048 * H530 / 8 / GIB),
+    "q94": dict(layers=48, h=6144, a=64, s=2048, t=8, p=6, m=12, v=2, layer_mb=A94 / 1e6,
+                gpipe_n=12, gpipe_layers=12 * 8, gpipe_gb=96 * A94 / 1e9,
+                f1b_n=6, f1b_layers=48, f1b_gb=48 * A94 / 1e9,
+                inter_n=6 * 2 + 6 - 1, inter_layers=17 * 4, inter_gb=68 * A94 / 1e9),
+    "q95": dict(layers=48, h=6144, a=24, s=2048, vocab=51200, batch=96, gpus=64, step_s=5.3,
+                model_pf=F95 / 1e15, mfu=F95 / D95,
+                hfu_full=96 * 96 * 2048 * 48 * 6144**2 * (
+                    1 + 2048 / (6 * 6144) + 51200 / (16 * 48 * 6144)) / D95,
+                hfu_sel=(F95 + 48 * 4 * 96 * 2048**2 * 6144) / D95,
+                hfu_qk=(F95 + 48 * 2 * 96 * 2048**2 * 6144) / D95),
+    "q96": dict(s=3000, h=5120, d=128, t=4, peak_tflops=989, g_d=0.5,
+                scores_eff=_eff(3000, 3000, 128), mlp_eff=_eff(3000, 5120, 5120),
+                scores_us_per_gflop=1e15 / (_eff(3000, 3000, 128) * 989e12),
+                mlp_us_per_gflop=1e15 / (_eff(3000, 5120, 5120) * 989e12),
+                slower=_eff(3000, 5120, 5120) / _eff(3000, 3000, 128)),
+    "q97": dict(s=3000, b=2, h=5120, a=40, t=4, stream_gb=STREAM97 / 1e9, core_gb=CORE97 / 1e9,
+                ms=(STREAM97 + CORE97) / HBM_H100 * 1e3, gemm_ms=GEMM97 * 1e3,
+                share=(STREAM97 + CORE97) / HBM_H100 / GEMM97),
+    "q98": dict(p=6, m=10, t_f_ms=5, t_b_ms=11, last_f_ms=7, last_b_ms=13,
+                even_ms=(10 + 6 - 1) * 16, even_idle=1 - 160 / 240,
+                step_ms=(6 - 1) * 16 + 10 * (7 + 13), idle=1 - 160 / 280, closed=5 / 15),
+    "q99": dict(psi_r_b=1.3, dp=12, gpus_per_node=8, s_gb=S99 / 1e9,
+                one_ar_s=ring_ar(S99, 12, IB_B, IB_A), one_rs_s=ring_half(S99, 12, IB_B, IB_A),
+                naive_s=S99 / IB_B, two_ar_s=hier_ar(S99, 6, 2),
+                two_rs_s=ring_half(S99, 2, NV_B, NV_A) + ring_half(S99 / 2, 6, IB_B, IB_A),
+                two_algo="hierarchical"),
+    "q100": dict(gpus=256, batch=512, fits16="fits", fits8="fits",
+                 mfu16=lambda v: 0.28 < v < 0.35, mfu8=lambda v: 0.40 < v < 0.48,
+                 gain=lambda v: abs(v - 48 / 35) < 0.05, reported_gain=48 / 35,
+                 tp16_s=lambda v: v > 3 * VALUES["q100"]["tp8_s"], tp8_s=lambda v: 0 < v < 3,
+                 tp_ratio=lambda v: v == pytest.approx(
+                     VALUES["q100"]["tp16_s"] / VALUES["q100"]["tp8_s"])),
+    "q101": dict(p=64, m_seed=4, m_fix=32, seed_closed=63 / 4, fix_closed=63 / 32,
+                 seed_dry=lambda v: 63 / 4 <= v < 1.1 * 63 / 4,
+                 fix_dry=lambda v: 63 / 32 <= v < 1.15 * 63 / 32,
+                 seed_bound=4 / 67, fix_bound=32 / 95,
+                 seed_mfu=lambda v: 0 < v < 4 / 67 and v < 0.28,
+                 fix_mfu=lambda v: 0 < v < 32 / 95 and v < 0.51 / 2),
+    "q102": dict(dp=8, psi_b=PSI102 / 1e9, z2_states_gb=(2 + 14 / 8) * PSI102 / 1e9,
+                 z3_states_gb=16 / 8 * PSI102 / 1e9,
+                 z2_peak_gb=lambda v: VALUES["q102"]["z2_states_gb"] < v < 80,
+                 z3_peak_gb=lambda v: VALUES["q102"]["z3_states_gb"] < v
+                 < VALUES["q102"]["z2_peak_gb"],
+                 ratio=lambda v: v == pytest.approx(
+                     VALUES["q102"]["z3_peak_gb"] / VALUES["q102"]["z2_peak_gb"]) and v < 1,
+                 layers_needed=lambda v: v > 40),
+    "q103": dict(gpus=256, batch=512, tp16_pp4=lambda v: v > 0.3, tp16_pp1=lambda v: v > 0.3,
+                 tp8_pp4=lambda v: v < 0.3),
+    "q104": dict(gpus=16, batch=64, psi_b=PSI104 / 1e9, ddp_gb=18 * PSI104 / 1e9,
+                 z2_gb=3 * PSI104 / 1e9, ddp_peak_gib=lambda v: v > 80e9 / GIB,
+                 z2_s=lambda v: 0 < v < VALUES["q104"]["pp2_s"], pp2_s=lambda v: v > 0,
+                 pp2_more=lambda v: v == pytest.approx(
+                     VALUES["q104"]["pp2_s"] / VALUES["q104"]["z2_s"] - 1) and v > 0.05),
+    "q105": dict(gpus=512, batch=1024, none_peak_gib=lambda v: v > 80e9 / GIB,
+                 sel_peak_gib=lambda v: v < 80e9 / GIB, sel_s=lambda v: 10 < v < 40,
+                 sel_mfu=lambda v: 0.3 < v < 0.5,
+                 tokens_k=lambda v: v == pytest.approx(
+                     1024 * 8192 / VALUES["q105"]["sel_s"] / 1e3),
+                 best_s=lambda v: v < VALUES["q105"]["sel_s"],
+                 slower=lambda v: v == pytest.approx(
+                     VALUES["q105"]["sel_s"] / VALUES["q105"]["best_s"] - 1)),
+})
+INHERENT.update({
+    "q93": [{"chunks", "layers_per_rank"}],  # 105 layers in 35 x 3 stages: one a chunk
+    "q94": [{"p", "f1b_n"},  # 1F1B holds min(p, m) = p
+            {"m", "gpipe_n"},  # GPipe holds m
+            {"layers", "f1b_layers"}],  # the point: L layers' worth at any p
+    "q98": [{"even_idle", "closed"}],  # the dry run is the closed form on equal stages
+    "q100": [{"gain", "reported_gain"}],  # the planner's gain is the reported one
+})
+
 
 def placeholders(fmt):
     return [(name, spec) for _, name, spec, _ in string.Formatter().parse(fmt) if name]
@@ -758,10 +879,11 @@ def placeholders(fmt):
 def test_at_least_25_questions_and_4_per_lesson_12_and_8_for_pipelines():
     assert len(bank.QUESTIONS) >= 25
     per_lesson = collections.Counter(q.lesson for q in bank.QUESTIONS)
-    assert set(per_lesson) == {"00", "01", "02", "03", "04", "05", "06", "07", "08", "09"}
+    assert set(per_lesson) == {"00", "01", "02", "03", "04", "05", "06", "07", "08", "09",
+                               "10"}
     assert all(count >= 4 for count in per_lesson.values()), per_lesson
     assert per_lesson["05"] >= 12 and per_lesson["06"] >= 8 and per_lesson["07"] >= 12
-    assert per_lesson["08"] >= 12 and per_lesson["09"] >= 10
+    assert per_lesson["08"] >= 12 and per_lesson["09"] >= 10 and per_lesson["10"] >= 12
     ids = [q.id for q in bank.QUESTIONS]
     assert ids == [f"q{i:02d}" for i in range(1, len(ids) + 1)]
     lessons = [q.lesson for q in bank.QUESTIONS]

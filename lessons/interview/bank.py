@@ -1,4 +1,4 @@
-"""Interview questions on lessons 00-09, each answered with numbers minipar computes.
+"""Interview questions on lessons 00-10, each answered with numbers minipar computes.
 
     python lessons/interview/bank.py                 every question, with its answer
     python lessons/interview/bank.py --lesson 03     the questions on lesson 03
@@ -10,9 +10,9 @@ both format strings, and `compute`, which takes the example data and returns the
 the answer shows: from minipar's planning formulas (minipar.plan), its cost model
 (minipar.runtime.cost), the pipeline schedules and their dry run (minipar.parallel.pp),
 and small runs on simulated devices (minipar.launch). Nothing in an answer is typed in by
-hand: change the example data and every number follows. Lesson 06's, 07's, 08's and 09's
-questions live in bank_06.py, bank_07.py, bank_08.py and bank_09.py beside this file, loaded
-below; the command and QUESTIONS hold them all.
+hand: change the example data and every number follows. Lessons 06 to 10 keep their
+questions in bank_06.py ... bank_10.py beside this file, loaded below; the command and
+QUESTIONS hold them all.
 
 The example data are deliberately uneven (13B on 24 GPUs, 96 MiB over 6 ranks, s = 3000,
 b = 5, t = 4, ...) so that an answer cannot come out right by a lucky coincidence of two
@@ -64,7 +64,8 @@ LESSONS = {"00": "The memory wall", "01": "Collectives", "02": "Data parallelism
            "03": "ZeRO and FSDP", "04": "Tensor and sequence parallelism",
            "05": "Pipeline parallelism", "06": "Zero-bubble pipelines and DualPipe",
            "07": "3-D composition and topology",
-           "08": "Mixture of experts and expert parallelism", "09": "Context parallelism"}
+           "08": "Mixture of experts and expert parallelism", "09": "Context parallelism",
+           "10": "Planning a run"}
 
 
 @dataclass(frozen=True)
@@ -1766,6 +1767,8 @@ bank_08 = load_part("bank_08.py")  # lesson 08: mixture of experts and expert pa
 QUESTIONS += [Question(**entry) for entry in bank_08.ENTRIES]
 bank_09 = load_part("bank_09.py")  # lesson 09: context parallelism
 QUESTIONS += [Question(**entry) for entry in bank_09.ENTRIES]
+bank_10 = load_part("bank_10.py")  # lesson 10: planning a run
+QUESTIONS += [Question(**entry) for entry in bank_10.ENTRIES]
 
 
 # ---- printing -------------------------------------------------------------------------
@@ -1786,7 +1789,7 @@ def format_entry(q: Question, show_answer: bool = True, width: int = 92) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description="Interview questions on lessons 00-09, "
+    parser = argparse.ArgumentParser(description="Interview questions on lessons 00-10, "
                                      "answered with numbers minipar computes.")
     parser.add_argument("--lesson", help="only this lesson's questions (e.g. 03)")
     parser.add_argument("--id", help="only this question (e.g. q21)")

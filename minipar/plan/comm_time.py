@@ -88,7 +88,9 @@ def topology_of(cluster, layout) -> Topology:
 
 
 def _cost(kind: str, S: float, ranks: tuple, topo: Topology) -> float:
-    return collective_cost(kind, S, ranks, topo).seconds if len(ranks) > 1 else 0.0
+    """A collective's seconds; none on a group of one or with nothing to move (a dense
+    model's expert gradients: no collective is issued, so no latency is paid)."""
+    return collective_cost(kind, S, ranks, topo).seconds if len(ranks) > 1 and S > 0 else 0.0
 
 
 @dataclass(frozen=True)
