@@ -20,7 +20,7 @@
     context.py          14   ring attention and Ulysses over cp = 4 in each node: both equal
                              one device, zigzag's even FLOPs against contiguous's, the bytes
     planner.py          15   the planner: its memory against a run's ledger to the byte, a
-                             70B layout's memory and time, the search for an 8B on 64 GPUs
+                             70B layout's memory and time, the search for an 8B on 16 GPUs
 
 Each part prints through `out` and checks what it shows against a formula or one device,
 and passes every launch it runs to `record`; `--trace` writes them all, one after another,

@@ -7,7 +7,7 @@
     at scale           Llama 3 70B on 256 H100s (TP 8, PP 4, DP 8, interleaved 1F1B,
                        SP, selective recompute, the distributed optimizer): the busiest
                        rank's memory by category and the step's time by term
-    the search         the three fastest layouts of 64 H100s for Llama 3 8B that fit,
+    the search         the three fastest layouts of 16 H100s for Llama 3 8B that fit,
                        with the tuning checklist's findings
 
 plan.rank_memory and plan.step_time (docs/planner.md) read numbers only; the small check
@@ -74,9 +74,9 @@ def planner_part(out: Print, record: Record = no_recorder) -> None:
     out(f"   time: {t.seconds:.2f} s a step ({terms} s), MFU {t.mfu:.1%}, HFU {t.hfu:.1%}, "
         f"bubble over ideal {t.bubble_fraction:.1%}")
     small_model = MODELS["llama3-8b"]
-    out(f"   the search: the 3 fastest layouts of 64 H100s that fit {small_model.name} "
-        f"(B = 256)")
-    for i, p in enumerate(search(small_model, 64, h100, 256, top=3), start=1):
+    out(f"   the search: the 3 fastest layouts of 16 H100s that fit {small_model.name} "
+        f"(B = 64)")
+    for i, p in enumerate(search(small_model, 16, h100, 64, top=3), start=1):
         found = "; ".join(p.reasons) or "no finding"
         out(f"   {i}. {p.layout}: {p.time.seconds:.2f} s, MFU {p.time.mfu:.1%}, peak "
             f"{fmt_bytes(p.memory.peak)} ({found})")
