@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..runtime.checks import divisors
+
 
 def _check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
@@ -35,10 +37,6 @@ def _check_int(name: str, value, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def synthetic_tokens(num_tokens: int, vocab_size: int, seed: int) -> np.ndarray:
@@ -144,7 +142,7 @@ def split_microbatches(inputs: np.ndarray, targets: np.ndarray,
     if b % k:
         raise ValueError(
             f"a batch of {b} sequences cannot be cut into {k} equal micro-batches "
-            f"({b} % {k} = {b % k}); use num_microbatches in {_divisors(b)}, or a batch "
+            f"({b} % {k} = {b % k}); use num_microbatches in {divisors(b)}, or a batch "
             f"size that is a multiple of {k}")
     m = b // k
     return [(inputs[:, i * m:(i + 1) * m].copy(), targets[:, i * m:(i + 1) * m].copy())
@@ -171,7 +169,7 @@ def split_data_parallel(inputs: np.ndarray, targets: np.ndarray,
             f"a global batch of {b} sequences cannot be shared equally by {dp_size} "
             f"data-parallel ranks ({b} % {dp_size} = {b % dp_size}); use a global batch "
             f"that is a multiple of {dp_size} (global_batch = dp * num_microbatches * "
-            f"micro_batch), or dp_size in {_divisors(b)}")
+            f"micro_batch), or dp_size in {divisors(b)}")
     m = b // dp_size
     sl = slice(dp_rank * m, (dp_rank + 1) * m)
     return inputs[:, sl].copy(), targets[:, sl].copy()

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..parallel.pp.schedules import V_SHAPED  # two stages a rank: r and 2p - 1 - r
+from ..runtime.checks import divisors
 from .layout import Layout
 from .presets import ModelSpec
 from .zero import STAGE_NAMES, model_state_bytes
@@ -85,10 +86,6 @@ def zero_stage(layout: Layout) -> int:
     return max(layout.zero, 1 if layout.distributed_optimizer else 0)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def check_split(model: ModelSpec, layout: Layout) -> None:
     """Refuse a layout the model cannot split: heads and kv heads by tp, the MLP's width by
     tp, layers by pp x chunks, experts by ep, the sequence by cp (and by tp under SP)."""
@@ -98,22 +95,22 @@ def check_split(model: ModelSpec, layout: Layout) -> None:
         if n % t:
             raise ValueError(f"{model.name} has {n} {what}, which tp = {t} cannot split: each "
                              f"tensor-parallel rank needs whole heads (Megatron: {rule} % tp "
-                             f"== 0); use tp in {_divisors(n)}")
+                             f"== 0); use tp in {divisors(n)}")
     for what, f in (("ffn", model.ffn), ("expert_ffn", model.expert_ffn)):
         if f and f % t:
             raise ValueError(f"{model.name}'s {what} = {f} does not split over tp = {t}: "
-                             f"expected a width divisible by tp; use tp in {_divisors(f)}")
+                             f"expected a width divisible by tp; use tp in {divisors(f)}")
     stages = layout.pp * v
     if model.layers % stages:
         raise ValueError(f"{model.name}'s {model.layers} layers do not split into pp x chunks "
                          f"= {layout.pp} x {v} = {stages} equal stages (Megatron refuses an "
-                         f"uneven split); expected pp x chunks in {_divisors(model.layers)}")
+                         f"uneven split); expected pp x chunks in {divisors(model.layers)}")
     if layout.ep > 1 and not model.experts:
         raise ValueError(f"ep = {layout.ep} splits experts, but {model.name} is dense: use ep = 1")
     if model.experts and model.experts % layout.ep:
         raise ValueError(f"{model.name}'s {model.experts} experts do not split over ep = "
                          f"{layout.ep}: each rank holds E/ep whole experts; use ep in "
-                         f"{_divisors(model.experts)} (dividing dp x cp = "
+                         f"{divisors(model.experts)} (dividing dp x cp = "
                          f"{layout.dp * layout.cp})")
     s, c = model.seq_len, layout.cp
     if s % c or (layout.sequence_parallel and (s // c) % t):

@@ -24,6 +24,13 @@ from .errors import CollectiveUsageError
 MAX_RANKS = 1 << 20
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of n >= 1, ascending, in O(sqrt n): what an error offers as the sizes
+    that split n evenly."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def whole(value: Any, what: str, minimum: int = 1, maximum: Optional[int] = None) -> int:
     """`value` as an int in [minimum, maximum], or a ValueError (TypeError for a non-number)
     that names `what`."""

@@ -23,8 +23,7 @@ from hypothesis import strategies as st
 
 import minipar as mp
 from minipar.parallel.mesh import ParallelDims
-from minipar.parallel.mesh.dims import _divisors
-from minipar.runtime.checks import MAX_RANKS, is_numeric, positive, whole
+from minipar.runtime.checks import MAX_RANKS, divisors, is_numeric, positive, whole
 from minipar.runtime.errors import CollectiveUsageError, RankThreadError
 
 
@@ -279,7 +278,7 @@ def test_parallel_dims_take_numpy_integers_as_the_ints_they_are():
 
 @given(st.integers(1, 5000))
 def test_divisors_are_every_divisor_in_order(n):
-    assert _divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
 
 
 @pytest.mark.timeout(5)

@@ -39,6 +39,7 @@ import numpy as np
 
 from ...nn.attention import core_attention_backward, core_attention_forward
 from ...nn.saved import Saved
+from ...runtime.checks import divisors
 from ...runtime.collectives import all_to_all
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
@@ -50,7 +51,7 @@ def check_heads(num_heads: int, group: ProcessGroup, what: str = "ulysses") -> i
     """a/cp, the heads each rank attends over, or an error naming the cp that would work."""
     cp = group.size
     if num_heads % cp:
-        fits = sorted(n for n in range(1, num_heads + 1) if num_heads % n == 0)
+        fits = divisors(num_heads)
         raise ValueError(f"rank {current().rank}: {what} on cp group {group}: num_heads = "
                          f"{num_heads} is not divisible by cp = {cp}: choose cp in "
                          f"{{{', '.join(map(str, fits))}}} or use ring attention")

@@ -35,6 +35,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ...nn.config import GPTConfig
+from ...runtime.checks import divisors
 from ..cp import (LAYOUTS, check_heads, chunk_size, positions, ring_attention_backward,
                   ring_attention_forward, ulysses_attention_backward,
                   ulysses_attention_forward)
@@ -78,7 +79,7 @@ def check_context(cfg: GPTConfig, dims: ParallelDims, method: str, layout: str,
             raise ValueError(f"Ulysses at cp = {cp} splits each tp rank's {heads} heads "
                              f"(num_heads = {cfg.num_heads} over tp = {tp}) over the cp "
                              f"group, but {heads} is not divisible by {cp}: choose cp in "
-                             f"{[d for d in range(1, heads + 1) if heads % d == 0]}, or "
+                             f"{divisors(heads)}, or "
                              f"cp_method='ring'")
 
 

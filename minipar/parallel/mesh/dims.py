@@ -32,12 +32,11 @@ Megatron allows; it is then placed slowest.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...runtime.checks import MAX_RANKS
+from ...runtime.checks import MAX_RANKS, divisors
 
 #: Megatron-LM's default order, fastest first
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -75,7 +74,7 @@ class ParallelDims:
                 f"ParallelDims(ep={self.ep}) must divide dp x cp = {self.dp} x {self.cp} = "
                 f"{self.dp * self.cp}: expert parallelism is folded into the data- and "
                 f"context-parallel ranks (Megatron); choose ep in "
-                f"{_divisors(self.dp * self.cp)}")
+                f"{divisors(self.dp * self.cp)}")
         object.__setattr__(self, "mesh_dim_names", _mesh_dim_names(self.order, sizes))
 
     # ---- sizes ------------------------------------------------------------------------
@@ -124,12 +123,6 @@ class ParallelDims:
 
 
 _FORM = {"cp": "context parallelism", "ep": "expert parallelism"}
-
-
-def _divisors(n: int) -> list[int]:
-    """The divisors of n, in O(sqrt n)."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _mesh_dim_names(order: str, sizes: dict[str, int]) -> tuple[str, ...]:

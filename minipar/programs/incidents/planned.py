@@ -32,8 +32,11 @@ SEED = {"a": {"before": 0.35, "after": 0.48}, "b": {"before": 0.28, "after": 0.5
         "c": {"peak_ratio": 1.20}}
 MODEL_200B = ModelSpec("a 200B dense stand-in", 128, 11264, 88, 4 * 11264, 51200, 2048,
                        source="the seed's incident B (a shape chosen here: 128 layers)")
-MODEL_70B = ModelSpec("a 70B GPT", 80, 8192, 64, 4 * 8192, 51200, 4096,
-                      source="the seed's incident A (the shape of incident a's at_scale)")
+#: the seed's 70B of incident A: its layer (tp_across_nodes.at_scale) and whole model here
+SEED_70B = dict(hidden=8192, seq_len=4096, micro_batch=1, layers=80)
+MODEL_70B = ModelSpec("a 70B GPT", SEED_70B["layers"], SEED_70B["hidden"], 64,
+                      4 * SEED_70B["hidden"], 51200, SEED_70B["seq_len"],
+                      source="the seed's incident A")
 MODEL_13B = ModelSpec("GPT-3 13B", 40, 5120, 40, 4 * 5120, 51200, 2048,
                       source="Brown et al. 2020, Table 2.1")
 

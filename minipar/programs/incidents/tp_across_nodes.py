@@ -69,7 +69,7 @@ from ...runtime.launch import launch
 from ...runtime.topology import Link, Topology
 from ...runtime.trace import Event
 from ...viz.timeline import measure as measure_times
-from .planned import plan_a, report_a
+from .planned import SEED_70B, plan_a, report_a
 
 # 2 nodes of 4 A100s: NVLink 3 (300 GB/s a direction) inside, IB HDR (25 GB/s a GPU) across
 CLUSTER = Topology.nodes(2, 4, DeviceSpec.a100_80gb(), Link.nvlink3(), Link.infiniband_hdr())
@@ -77,9 +77,8 @@ MODEL = GPTConfig(vocab_size=256, seq_len=256, hidden=256, num_heads=8, num_laye
                   dropout=0.0, dtype="bfloat16", seed=0)
 GLOBAL_BATCH = 16  # sequences a step, shared by the dp ranks
 OPT = dict(lr=1e-3, weight_decay=0.1)
-
-# the seed's model, for the analytical lines (a GPT-shaped layer: MLP 4h, full attention)
-SEED_70B = dict(hidden=8192, seq_len=4096, micro_batch=1, layers=80)
+# the seed's model, for the analytical lines (a GPT-shaped layer: MLP 4h, full attention):
+# SEED_70B, from planned.py, which predicts the same model whole
 
 
 def layouts(topo: Topology) -> dict[str, tuple[str, ParallelDims]]:

@@ -14,8 +14,8 @@ import runpy
 import numpy as np
 import pytest
 
-from minipar.course import find_lesson, grade
-from minipar.course.corpus import corpus_of, gaps, run_case
+from minipar.course import find_lesson
+from minipar.course.corpus import corpus_of, gaps
 
 LESSON = find_lesson("08")
 NV_B, NV_A = 450e9, 1e-6  # NVLink 4, one direction
@@ -178,27 +178,11 @@ def test_total_and_active_parameters(lesson):
 
 
 # ---- the exercises ---------------------------------------------------------------------
-@pytest.mark.timeout(120)
-def test_the_solution_passes_and_the_exercise_is_all_todo():
-    report = grade(LESSON, "solution", out=lambda line: None)
-    assert [o.status for o in report.outcomes] == ["passed"] * 3, [
-        (o.exercise, o.message) for o in report.outcomes]
-    report = grade(LESSON, "exercise", out=lambda line: None)
-    assert [(o.exercise, o.status) for o in report.outcomes] == [
-        ("8.1", "todo"), ("8.2", "todo"), ("8.3", "todo")]
-    assert all(o.message.startswith(f"Exercise {o.exercise}: ") for o in report.outcomes)
-
-
-WRONG, RIGHT = corpus_of(LESSON)
-
-
-def test_the_corpus_has_what_every_exercise_needs():
-    assert gaps(LESSON, WRONG, RIGHT) == []
-    assert {w.exercise for w in WRONG} == {"8.1", "8.2", "8.3"}
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", WRONG + RIGHT, ids=[c.title for c in WRONG + RIGHT])
-def test_a_corpus_case_is_graded_as_it_says(case, tmp_path):
-    result = run_case(LESSON, case, tmp_path)
-    assert result.ok, f"{result.problem}; the report was:\n{result.report}"
+# That the solution passes, the generated exercise is all todo and every corpus case is
+# graded as it says is checked for every lesson at once (tests/test_course.py,
+# tests/course/test_corpus.py); here, what this lesson's corpus must hold.
+def test_the_corpus_covers_every_exercise():
+    wrong, right = corpus_of(LESSON)
+    assert gaps(LESSON, wrong, right) == []
+    assert {w.exercise for w in wrong} == {"8.1", "8.2", "8.3"}
+    assert len(wrong) >= 12 and len(right) >= 1
