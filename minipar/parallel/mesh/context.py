@@ -36,9 +36,8 @@ import numpy as np
 
 from ...nn.config import GPTConfig
 from ...runtime.checks import divisors
-from ..cp import (LAYOUTS, check_heads, chunk_size, positions, ring_attention_backward,
-                  ring_attention_forward, ulysses_attention_backward,
-                  ulysses_attention_forward)
+from ..cp import (LAYOUTS, positions, ring_attention_backward, ring_attention_forward, shard,
+                  ulysses_attention_backward, ulysses_attention_forward)
 from ..tp import LOCAL_CORE, AttentionCore
 from .dims import ParallelDims
 from .groups import ParallelGroups
@@ -95,7 +94,6 @@ def attention_core(groups: ParallelGroups, method: str, layout: str) -> Attentio
         return AttentionCore(forward, ring_attention_backward)
 
     def forward(qkv, heads, p, rng, selective):  # qkv: [s/cp, b, 3h/t]
-        check_heads(heads, group, "Ulysses")
         return ulysses_attention_forward(qkv, heads, group, layout, p, rng, selective)
     return AttentionCore(forward, ulysses_attention_backward)
 
@@ -127,9 +125,7 @@ def sequence_shard(groups: ParallelGroups, layout: str
         return None
     c = groups.coordinate["cp"]
 
-    def shard(ids: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        s = np.shape(ids)[0]
-        chunk_size(layout, cp, s)  # refuses a length the layout cannot cut evenly
-        rows = positions(layout, c, cp, s)  # rows: [s/cp]
-        return np.asarray(ids)[rows], np.asarray(targets)[rows]  # [s/cp, b] each
-    return shard
+    def rows_of(ids: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # cp.shard refuses a length the layout cannot cut evenly
+        return shard(ids, layout, c, cp), shard(targets, layout, c, cp)  # [s/cp, b] each
+    return rows_of
