@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..runtime.device import GB, TFLOPS, DeviceSpec
+from ..runtime.device import GB, DeviceSpec
 from ..runtime.topology import Link, Topology
-from .moe import DEEPSEEK_V3, MoETransformer
+from .moe import DEEPSEEK_V3
 
 
 @dataclass(frozen=True)
@@ -187,5 +187,4 @@ def cluster(name: str) -> ClusterSpec:
     return CLUSTERS[key]
 
 
-__all__ = ["ModelSpec", "ClusterSpec", "MODELS", "CLUSTERS", "model", "cluster",
-           "MoETransformer", "TFLOPS"]
+__all__ = ["ModelSpec", "ClusterSpec", "MODELS", "CLUSTERS", "model", "cluster"]

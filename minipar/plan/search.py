@@ -69,7 +69,7 @@ def candidates(model: ModelSpec, gpus: int, cluster: ClusterSpec, global_batch: 
                micro_batch: int = 1) -> Iterator[Layout]:
     """Every layout of the module docstring's space that divides evenly."""
     g = cluster.gpus_per_node
-    cps = [1] + ([c for c in (2, 4, 8)] if model.seq_len >= 16384 else [])
+    cps = [1] + ([2, 4, 8] if model.seq_len >= 16384 else [])
     for tp in _powers_of_two(2 * g):
         if model.heads % tp or gpus % tp:
             continue
@@ -81,7 +81,7 @@ def candidates(model: ModelSpec, gpus: int, cluster: ClusterSpec, global_batch: 
                 if global_batch % (micro_batch * dp):
                     continue
                 m = global_batch // (micro_batch * dp)
-                schedules = [("1f1b", 1)] if pp > 1 else [("1f1b", 1)]
+                schedules = [("1f1b", 1)]
                 if pp > 1:
                     schedules += [("interleaved_1f1b", v) for v in (2, 3)
                                   if model.layers % (pp * v) == 0 and m % pp == 0]
