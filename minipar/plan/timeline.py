@@ -54,6 +54,8 @@ from ..parallel.pp.dry_run import DryRun
 from ..runtime import cost as cost_model
 from ..runtime.topology import Topology
 from ..runtime.trace import Event
+from .presets import ModelSpec
+from .rank_memory import layer_activation_bytes
 from .stage_ops import MATMUL, Op, StageShape, stage_ops, stage_units
 
 MIB = 2 ** 20
@@ -67,7 +69,8 @@ class RankTimeline:
     rank: int                      # the global rank (tp = dp = 0 of this pipeline rank)
     events: list = field(default_factory=list)   # runtime.trace.Event, by start
     end: float = 0.0               # when its step ends
-    in_flight: list = field(default_factory=list)  # (time, micro-batches held) after each action
+    in_flight: list = field(default_factory=list)    # (time, micro-batches held) after each action
+    activations: list = field(default_factory=list)  # (time, their activation bytes)
 
     def busy(self, stream: str = "compute", name: Optional[str] = None) -> float:
         return sum(e.duration for e in self.events
@@ -175,12 +178,24 @@ def timeline(cfg: GPTConfig, dims: ParallelDims, *, global_batch: int,
         return cost_model.p2p_time(nbytes, topo.link(src, dst))
 
     dry = dry_run(lowered, durations, p2p)
-    ranks = [_expand(r, reps[r], lowered[r], dry, ops, durations, info, topo, nbytes)
+    act = [activation_bytes(cfg, g) for g in shapes]
+    ranks = [_expand(r, reps[r], lowered[r], dry, ops, durations, info, topo, nbytes, act)
              for r in range(P)]
     _tail(ranks, reps, cfg, dims, info, shapes, costs, max_grad_norm, bucket_cap_mb)
     for r in ranks:
         r.events.sort(key=lambda e: (e.start, e.end))
     return Timeline(ranks, max(r.end for r in ranks), dry, dims.world_size)
+
+
+def activation_bytes(cfg: GPTConfig, g: StageShape) -> float:
+    """One micro-batch's activations on a stage: its layers' (plan.rank_memory's per-layer
+    formula for this GPT, recompute mode and dtype), not its ends."""
+    spec = ModelSpec("GPTConfig", cfg.num_layers, cfg.hidden,
+                     cfg.num_heads, cfg.ffn, cfg.vocab_size, cfg.seq_len,
+                     tied=cfg.tie_embeddings)
+    per_layer = layer_activation_bytes(spec, g.s, g.b, g.tp, g.sequence_parallel,
+                                       g.recompute, g.itemsize, dropout=cfg.dropout > 0)
+    return (g.hi - g.lo) * per_layer
 
 
 def _timed(ops: list[Op], rep: ParallelGroups, costs: _Costs, peak: float) -> list:
@@ -210,7 +225,7 @@ def _events(rank: int, timed: list, t: float, group: tuple) -> tuple[list, float
 
 
 def _expand(r: int, rep: ParallelGroups, row: list, dry: DryRun, ops: dict, durations: dict,
-            info, topo: Topology, nbytes: int) -> RankTimeline:
+            info, topo: Topology, nbytes: int, act: list) -> RankTimeline:
     """Rank r's spans, each compute action opened into its ops, sends and receives as the
     runtime records them (p2p.py)."""
     tl = RankTimeline(r, rep.rank)
@@ -222,7 +237,7 @@ def _expand(r: int, rep: ParallelGroups, row: list, dry: DryRun, ops: dict, dura
             if span.action.kind in (SEND_F, SEND_B):
                 sends[(span.action.stage, span.action.kind, span.action.microbatch)] = span
     waited_by_pair = {recv for recv, _ in pair_overlap(row).values() if recv is not None}
-    now, held = 0.0, 0
+    now, held = 0.0, {i: 0 for i in info.stages_of(r)}
     for k, span in enumerate(spans):
         a = span.action
         if a.is_compute:
@@ -239,9 +254,9 @@ def _expand(r: int, rep: ParallelGroups, row: list, dry: DryRun, ops: dict, dura
                     meta["pair"] = str(a)
                 ev.append(Event(rep.rank, "compute", kind, t0, t1, label=str(half),
                                 meta=meta))
-                held += kind == "F"
-                held -= kind in ("B", "W")
-            tl.in_flight.append((span.end, held))
+                held[half.stage] += (kind == "F") - (kind in ("B", "W"))
+            tl.in_flight.append((span.end, sum(held.values())))
+            tl.activations.append((span.end, sum(n * act[i] for i, n in held.items())))
             now = span.end
         elif a.kind in (SEND_F, SEND_B):
             peer = rep.pp.ranks[info.placement[a.stage + (1 if a.kind is SEND_F else -1)]]
