@@ -38,7 +38,7 @@ from .course.grading import TIME_LIMIT
 from .parallel.pp import SCHEDULES
 from .programs import examples, lessons, train_command
 from .programs import arguments as arg
-from .programs import plan_command
+from .programs import dry_run_command, plan_command
 from .programs.incidents import INCIDENTS, get
 from .programs.tour import MAX_MEGABYTES, run_tour, tour_nbytes
 
@@ -336,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "POINT such as 2F1, or at 'save' midway through a checkpoint")
     tr.set_defaults(func=_train, parser=tr)
     plan_command.add_parser(sub, arg)
+    dry_run_command.add_parser(sub, arg)
     return p
 
 

@@ -51,6 +51,7 @@ from ..parallel.pp import (Message, dry_run, lower, pair_overlap, split_layers,
                           validate_schedule)
 from ..parallel.pp.actions import F, RECV_B, RECV_F, SEND_B, SEND_F, OverlapFB, parts
 from ..parallel.pp.dry_run import DryRun
+from ..parallel.tp.gpt import check_tensor_parallel
 from ..runtime import cost as cost_model
 from ..runtime.topology import Topology
 from ..runtime.trace import Event
@@ -144,6 +145,7 @@ def timeline(cfg: GPTConfig, dims: ParallelDims, *, global_batch: int,
     same arguments, plus the global batch B (sequences) and the topology it runs on
     (default: nodes of 8 H100s, as many as the world needs)."""
     _refuse(cfg, dims, zero)
+    check_tensor_parallel(cfg, dims.tp, sequence_parallel)  # what parallelize refuses
     actions = pipeline_schedule(dims.pp, schedule, microbatches, chunks)
     if actions is None:
         raise ValueError("the dry run times a pipeline schedule: give schedule= and "

@@ -164,3 +164,49 @@ def test_refusals_name_what_is_not_modelled():
         timeline(cfg, ParallelDims(dp_replicate=2, pp=2), global_batch=6, microbatches=2)
     with pytest.raises(ValueError, match="schedule="):
         timeline(cfg, ParallelDims(tp=2), global_batch=4, schedule=None)
+
+
+def test_a_llama_3_405b_sized_step_on_16384_gpus():
+    """The full-scale dry run: one rank per pipeline coordinate of dp 128 x pp 16 x tp 8,
+    interleaved 1F1B (2 chunks, m = 16), SP. Every pipeline rank runs m·v forwards and
+    backwards, and the matmul FLOPs of all ranks are the step's exactly:
+    3·B·s·(l·(8h² + 4hf + 4sh) + 2hV) (a layer's four linears, its two s² products, the
+    head; forward once, backward twice)."""
+    from minipar.plan.presets import CLUSTERS, MODELS
+    from minipar.plan.sized import as_gpt
+    cfg = as_gpt(MODELS["llama3-405b"])
+    dims = ParallelDims(dp_replicate=128, pp=16, tp=8)
+    B, m = 2048, 16
+    tl = timeline(cfg, dims, global_batch=B, schedule="interleaved_1f1b", microbatches=m,
+                  chunks=2, sequence_parallel=True, max_grad_norm=1.0,
+                  topology=CLUSTERS["h100"].topology(2048))
+    assert len(tl.ranks) == 16 and tl.world_size == 16384
+    for r in tl.ranks:
+        kinds = [e.name for e in r.events if e.name in ("F", "B")]
+        assert kinds.count("F") == kinds.count("B") == m * 2
+        assert r.end <= tl.step_time
+    s, l, h, f, V = cfg.seq_len, cfg.num_layers, cfg.hidden, cfg.ffn, cfg.vocab_size
+    want = 3 * B * s * (l * (8 * h * h + 4 * h * f + 4 * s * h) + 2 * h * V)
+    got = sum(e.flops for r in tl.ranks for e in r.events) * dims.dp * dims.tp
+    assert got == pytest.approx(want, rel=1e-12)
+    assert tl.step_time > max(r.busy("compute", "matmul") for r in tl.ranks)
+
+
+def test_the_dry_run_command(tmp_path, capsys):
+    """`minipar dry-run`: the step, a line per pipeline rank, the Chrome trace; a layout the
+    model cannot split is argparse's usage error, saying why."""
+    import json
+    from minipar.cli import main
+    trace = tmp_path / "step.json"
+    assert main(["dry-run", "--model", "175b", "--gpu", "a100", "--tp", "8", "--pp", "4",
+                 "--dp", "2", "--microbatches", "8", "--sp", "--recompute", "selective",
+                 "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "175B" in out and "pp rank" in out and "wrote" in out
+    assert len([line for line in out.splitlines() if line.strip()[:1].isdigit()]) == 4
+    events = json.loads(trace.read_text())
+    assert any(e.get("name") == "all_gather" for e in events["traceEvents"])
+    with pytest.raises(SystemExit) as exit_:
+        main(["dry-run", "--model", "175b", "--tp", "5"])
+    assert exit_.value.code == 2
+    assert "num_heads" in capsys.readouterr().err

@@ -1,0 +1,105 @@
+"""`minipar dry-run`: one training step of a layout at full scale, every kernel on the clock.
+
+    minipar dry-run --model llama3-405b --gpu h100 --tp 8 --pp 16 --dp 128 \\
+                    --schedule interleaved_1f1b --chunks 2 --microbatches 16 \\
+                    --global-batch 2048 --sp [--trace step.json]
+
+plan/timeline.py runs the step as parallelize would, one rank per pipeline coordinate
+(the mesh's symmetry), the model as a GPT of the preset's size (plan/sized.py). It prints
+the step's time, each pipeline rank's compute, exposed communication and idle time, its
+peak activations, and the step's MFU; `--trace` writes the ranks' Chrome trace
+(chrome://tracing or ui.perfetto.dev).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+from ..parallel.mesh.dims import ParallelDims
+from ..parallel.pp import SCHEDULES
+from ..plan.presets import CLUSTERS, cluster, model
+from ..plan.sized import as_gpt
+from ..plan.timeline import timeline
+from .plan_command import PLANNABLE
+
+
+def add_parser(sub, arg) -> None:
+    """The `dry-run` subcommand's flags (arg: the command's argparse types)."""
+    dr = sub.add_parser("dry-run", help="time one step of a layout at full scale, kernel by "
+                                        "kernel, without arithmetic",
+                        description="The real schedules and the runtime's cost model run "
+                                    "without arithmetic: one rank per pipeline coordinate "
+                                    "(docs/planner.md, 'The dry run').")
+    dr.add_argument("--model", required=True, choices=PLANNABLE, metavar="NAME",
+                    help=" | ".join(PLANNABLE))
+    dr.add_argument("--gpu", default="h100", choices=sorted(CLUSTERS),
+                    help="the node kind: its device and links (h100)")
+    for flag, default, what in (("--tp", 8, "tensor-parallel size (8)"),
+                                ("--pp", 1, "pipeline stages' ranks (1)"),
+                                ("--dp", 1, "data-parallel replicas, DDP (1)"),
+                                ("--microbatches", None, "micro-batches a step (pp x 2)"),
+                                ("--chunks", None, "stages a rank (the schedule's own)"),
+                                ("--global-batch", None, "sequences a step (microbatches x "
+                                                         "dp)"),
+                                ("--seq", None, "tokens a sequence (the model's)")):
+        dr.add_argument(flag, type=arg.positive_int, default=default, metavar="N", help=what)
+    dr.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULES),
+                    help="the pipeline schedule (1f1b)")
+    dr.add_argument("--sp", action="store_true", help="sequence parallelism")
+    dr.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
+                    help="activation recomputation (none)")
+    dr.add_argument("--trace", metavar="PATH", default=None,
+                    help="write the ranks' Chrome trace to PATH")
+    dr.set_defaults(func=run, parser=dr)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = model(args.model)
+    if args.seq is not None:
+        spec = dataclasses.replace(spec, seq_len=args.seq)
+    node = cluster(args.gpu)
+    m = args.microbatches or 2 * args.pp
+    B = args.global_batch or m * args.dp
+    try:
+        cfg = dataclasses.replace(as_gpt(spec), recompute=args.recompute)
+        dims = ParallelDims(dp_replicate=args.dp, pp=args.pp, tp=args.tp)
+        nodes = -(-dims.world_size // node.gpus_per_node)
+        began = time.perf_counter()
+        tl = timeline(cfg, dims, global_batch=B, schedule=args.schedule, microbatches=m,
+                      chunks=args.chunks, sequence_parallel=args.sp,
+                      topology=node.topology(nodes))
+        took = time.perf_counter() - began
+    except ValueError as e:
+        args.parser.error(str(e))
+    flops = sum(e.flops for r in tl.ranks for e in r.events) * args.dp * args.tp
+    peak = node.device.peak(cfg.np_dtype)
+    print(f"minipar dry-run: {spec.name} as a GPT of its size (h {cfg.hidden}, f {cfg.ffn}, "
+          f"{cfg.num_layers} layers, s {cfg.seq_len}) on {dims.world_size:,} x "
+          f"{node.device.name}: dp {args.dp} x pp {args.pp} x tp {args.tp}"
+          f"{' + SP' if args.sp else ''}, {args.schedule}, m = {m}, global batch {B}")
+    print(f"  step {tl.step_time:.3f} s simulated ({took:.2f} s to dry-run "
+          f"{sum(len(r.events) for r in tl.ranks):,} events), HFU "
+          f"{flops / (tl.step_time * dims.world_size * peak):.1%} (the matmuls run, "
+          f"recomputation included, over the step's peak FLOPs)")
+    print(f"  {'pp rank':>7} {'compute':>9} {'comm':>9} {'idle':>9} {'peak act.':>10}")
+    for r in tl.ranks:
+        compute = r.busy("compute", "matmul")
+        comm = sum(e.duration for e in r.events if e.stream == "comm")
+        idle = tl.step_time - compute - comm
+        act = max((a for _, a in r.activations), default=0.0)
+        print(f"  {r.pipeline_rank:>7} {compute:>8.3f}s {comm:>8.3f}s {idle:>8.3f}s "
+              f"{act / 2**30:>6.1f} GiB")
+    worst = max(max((a for _, a in r.activations), default=0.0) for r in tl.ranks)
+    if worst > node.device.memory_bytes:
+        print(f"  activations alone reach {worst / 1e9:,.0f} GB of the device's "
+              f"{node.device.memory_bytes / 1e9:,.0f}: this layout does not fit (try --sp, "
+              f"--recompute selective, more pp; `minipar plan` counts every category)")
+    print("  comm: blocking collectives (tp's, the tail's) and DDP's buckets; idle: the "
+          "bubble and p2p waits. One rank per pipeline coordinate, exact for it "
+          "(plan/timeline.py).")
+    if args.trace:
+        tl.chrome_trace(args.trace)
+        print(f"  wrote {args.trace} (chrome://tracing or ui.perfetto.dev)")
+    return 0
