@@ -1,5 +1,5 @@
 """A preset as a GPT of the same size: what the dry run (timeline.py) runs for a model whose
-architecture minipar's GPT does not have (SwiGLU, grouped key-value heads, RMSNorm, rotary
+architecture is not minipar's GPT (SwiGLU, grouped key-value heads, RMSNorm, rotary
 positions).
 
     h' = h, a' = a, l' = l, V' = V, s' = s      the shape the step's activations follow
@@ -17,22 +17,22 @@ SC'21's, GPT-3) is converted as it is: f' = 4h. A mixture of experts is refused.
 
 from __future__ import annotations
 
-from ..nn.config import GPTConfig
+import dataclasses
+
 from .presets import ModelSpec
 
 
-def as_gpt(model: ModelSpec, dtype: str = "bfloat16", multiple: int = 1024) -> GPTConfig:
-    """The GPTConfig of `model`'s size (module docstring)."""
+def as_gpt(model: ModelSpec, multiple: int = 1024) -> ModelSpec:
+    """A GPT of `model`'s size (module docstring): GeLU MLP, multi-head attention, biases,
+    LayerNorm, learned positions, the preset's tying."""
     if not isinstance(model, ModelSpec):
         raise TypeError(f"as_gpt takes a plan.presets ModelSpec, got {type(model).__name__}")
     if model.experts:
         raise ValueError(f"{model.name} is a mixture of experts; the dry run runs dense GPTs")
     h = model.hidden
-    plain = (not model.swiglu and model.kv == model.heads and model.ffn == 4 * h)
-    if plain:
-        ffn = model.ffn
-    else:
-        ffn = (model.layer_parameters() - 4 * h * h) // (2 * h) // multiple * multiple
-    return GPTConfig(vocab_size=model.vocab, seq_len=model.seq_len, hidden=h,
-                     num_heads=model.heads, num_layers=model.layers, ffn_hidden=ffn,
-                     tie_embeddings=model.tied, dtype=dtype)
+    gpt = dataclasses.replace(model, kv_heads=None, swiglu=False, biases=True,
+                              layernorm=True, learned_positions=True)
+    if gpt == model:
+        return model
+    ffn = (model.layer_parameters() - 4 * h * h) // (2 * h) // multiple * multiple
+    return dataclasses.replace(gpt, name=f"{model.name} as a GPT", ffn=ffn)

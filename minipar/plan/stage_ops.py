@@ -39,10 +39,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
-import numpy as np
-
-from ..nn.matmul import compute_dtype
-
 # the kinds of op: a GEMM on the compute stream, or a collective on a group's comm stream
 MATMUL = "matmul"
 
@@ -85,13 +81,15 @@ class StageShape:
     root_split: bool  # more than one stage: EMBED and HEAD are units of their own
 
     @staticmethod
-    def of(cfg, tp: int, sequence_parallel: bool, b: int, lo: int, hi: int, stage: int,
+    def of(model, layout, itemsize: int, lo: int, hi: int, stage: int,
            stages: int) -> "StageShape":
-        return StageShape(cfg.seq_len, b, cfg.hidden, cfg.num_heads, cfg.ffn, cfg.vocab_size,
-                          tp, sequence_parallel, np.dtype(cfg.np_dtype).itemsize,
-                          compute_dtype(cfg.np_dtype).itemsize,
-                          cfg.layer_recompute, lo, hi, stage == 0, stage == stages - 1,
-                          stages > 1)
+        """Stage `stage` of `stages` (blocks lo..hi-1) of a GPT ModelSpec under a Layout,
+        elements of `itemsize` bytes (8: float64, whose reductions run in float64; else
+        they run in float32, nn.matmul.compute_dtype)."""
+        return StageShape(model.seq_len, layout.micro_batch, model.hidden, model.heads,
+                          model.ffn, model.vocab, layout.tp, layout.sequence_parallel,
+                          itemsize, 8 if itemsize == 8 else 4, layout.recompute, lo, hi,
+                          stage == 0, stage == stages - 1, stages > 1)
 
     @property
     def tokens(self) -> int:

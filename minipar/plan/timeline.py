@@ -1,19 +1,27 @@
 """The dry run of a whole training step: every kernel, collective and message of the real
 program on its simulated clock, with no arithmetic, at any scale.
 
-    tl = timeline(GPTConfig(...), ParallelDims(dp_replicate=128, pp=16, tp=8),
-                  global_batch=2048, schedule="interleaved_1f1b", microbatches=16, chunks=2,
-                  sequence_parallel=True, topology=CLUSTERS["h100"].topology(2048))
-    tl.step_time, tl.ranks[3].events, tl.chrome_trace("step.json")
+    tl = timeline(as_gpt(MODELS["llama3-405b"]),
+                  Layout(dp=128, pp=16, tp=8, schedule="interleaved_1f1b", chunks=2,
+                         global_batch=2048, sequence_parallel=True),
+                  CLUSTERS["h100"].topology(2048))
+    tl.step_time, tl.ranks[3].events, viz.chrome.to_chrome_trace(tl.events())
 
-What runs. `parallel.mesh.parallelize(cfg, dims, schedule=..., zero=0)` and one
-`train_step`: each pipeline rank's lowered list (parallel/pp) runs F, B, I and W actions,
+What runs. The GPT of `model` (a plain GPT ModelSpec: GeLU MLP, multi-head attention,
+biases, LayerNorm, learned positions; plan/sized.py makes one of any preset's size) under
+`parallel.mesh.parallelize(cfg, ParallelDims(dp_replicate=dp, pp=pp, tp=tp), zero=0,
+schedule=..., microbatches=m, chunks=v, sequence_parallel=...)`, and one `train_step` of B
+sequences (m = B / (b·dp) micro-batches of b): each pipeline rank's lowered list (parallel/pp) runs F, B, I and W actions,
 each the kernels of stage_ops.py; then the rank waits for its sends, sums a tied wte's two
 copies' gradients over the embedding group, all-reduces its DDP buckets over dp (launched
 together, serial on the dp stream), and the pp group broadcasts the loss; with clipping,
 the squares of the gradients are all-reduced over tp x pp. The clock is the runtime's
 (runtime/clock.py, runtime/p2p.py), the costs are runtime/cost.py's on the topology's
 links, and the matmuls are charged as nn/matmul.py charges them.
+
+Ranks sit in ParallelDims' default order (tp fastest, then dp, then pp): pipeline rank i's
+representative is global rank i·tp·dp, its tp group the tp ranks from there, its dp
+group every tp-th rank of its pipeline coordinate.
 
 Symmetry. Every rank of one pipeline coordinate runs the same program on the same shapes
 (tp ranks split the same layers, dp ranks run other blocks of the same size), so the dry
@@ -31,35 +39,33 @@ or W; the schedule's peak_in_flight), times a micro-batch's activations on the s
 the static bytes; what the saved tensors weigh is representative, when they are held is
 exact.
 
-Not modelled (refused, by name): ZeRO / FSDP engines, context and expert parallelism,
-mixtures of experts, checkpoint segments; run the real simulation for those.
+Not modelled (refused, by name): ZeRO / FSDP engines and the distributed optimizer,
+context and expert parallelism, mixtures of experts, other architectures than the GPT's
+(convert them with plan.sized.as_gpt); run the real simulation for those.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Optional
 
-import numpy as np
-
-from ..nn.config import GPTConfig
-from ..parallel.mesh.dims import ParallelDims
-from ..parallel.mesh.groups import ParallelGroups
-from ..parallel.mesh.pipeline import pipeline_schedule
-from ..parallel.pp import (Message, dry_run, lower, pair_overlap, split_layers,
-                          validate_schedule)
-from ..parallel.pp.actions import F, RECV_B, RECV_F, SEND_B, SEND_F, OverlapFB, parts
-from ..parallel.pp.dry_run import DryRun
-from ..parallel.tp.gpt import check_tensor_parallel
+from ..parallel.pp.actions import RECV_F, SEND_B, SEND_F, OverlapFB, parts
+from ..parallel.pp.dry_run import DryRun, dry_run
+from ..parallel.pp.lowering import Message, lower, pair_overlap
+from ..parallel.pp.schedules import schedule
+from ..parallel.pp.validate import validate_schedule
 from ..runtime import cost as cost_model
+from ..runtime.device import dtype_key
 from ..runtime.topology import Topology
 from ..runtime.trace import Event
+from .layout import Layout
+from .pipeline_time import stage_layers
 from .presets import ModelSpec
 from .rank_memory import layer_activation_bytes
-from .stage_ops import MATMUL, Op, StageShape, stage_ops, stage_units
+from .stage_ops import MATMUL, Op, StageShape, stage_ops
+from .step_tail import Costs, Representative, step_tail
 
-MIB = 2 ** 20
+ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass
@@ -68,12 +74,13 @@ class RankTimeline:
 
     pipeline_rank: int
     rank: int                      # the global rank (tp = dp = 0 of this pipeline rank)
-    events: list = field(default_factory=list)   # runtime.trace.Event, by start
-    end: float = 0.0               # when its step ends
+    events: list = field(default_factory=list)       # runtime.trace.Event, by start
+    end: float = 0.0                                 # when its step ends
     in_flight: list = field(default_factory=list)    # (time, micro-batches held) after each action
     activations: list = field(default_factory=list)  # (time, their activation bytes)
 
     def busy(self, stream: str = "compute", name: Optional[str] = None) -> float:
+        """Seconds of `stream` (and of events called `name`) on this rank."""
         return sum(e.duration for e in self.events
                    if e.stream == stream and (name is None or e.name == name))
 
@@ -88,86 +95,61 @@ class Timeline:
     world_size: int
 
     def events(self) -> list:
+        """Every representative rank's events (viz.chrome.to_chrome_trace draws them)."""
         return [e for r in self.ranks for e in r.events]
 
-    def chrome_trace(self, path: Optional[Union[str, os.PathLike]] = None):
-        """The events as a Chrome trace (viz.chrome): one process a representative rank."""
-        from ..viz.chrome import to_chrome_trace
-        return to_chrome_trace(self.events(), path)
 
-
-class _Costs:
-    """Collective and message times on the topology, memoised by (kind, S, ranks)."""
-
-    def __init__(self, topology: Topology, algorithm):
-        self.topology, self.algorithm, self.memo = topology, algorithm, {}
-
-    def collective(self, kind: str, S: float, ranks: tuple, me: int, root: int = 0):
-        key = (kind, S, ranks, me, root)
-        hit = self.memo.get(key)
-        if hit is None:
-            topo = self.topology
-            algo = cost_model.preferred(kind, self.algorithm, ranks, topo)
-            c = cost_model.collective_cost(kind, S, ranks, topo, algo)
-            nodes = len({topo.node_of(r) for r in ranks})
-            sent = cost_model.bytes_sent(kind, c.algorithm, S, len(ranks),
-                                         ranks.index(me), root, nodes)
-            hit = self.memo[key] = (c, sent)
-        return hit
-
-
-def _refuse(cfg: GPTConfig, dims: ParallelDims, zero) -> None:
-    if not isinstance(cfg, GPTConfig):
-        raise TypeError(f"timeline takes the GPTConfig parallelize would build, got "
-                        f"{type(cfg).__name__}")
-    if not isinstance(dims, ParallelDims):
-        raise TypeError(f"timeline takes a ParallelDims, got {type(dims).__name__}")
+def check_modelled(model: ModelSpec, layout: Layout, dtype: str) -> None:
+    """Refuse, by name, what the dry run does not model, and a split the GPT cannot take."""
+    if not isinstance(model, ModelSpec) or not isinstance(layout, Layout):
+        raise TypeError(f"timeline(model, layout, topology) takes a plan.presets.ModelSpec "
+                        f"and a plan.layout.Layout, got {type(model).__name__} and "
+                        f"{type(layout).__name__}")
+    gpt = (not model.swiglu and model.kv == model.heads and model.biases and
+           model.layernorm and model.learned_positions and not model.experts)
     missing = [what for what, on in (
-        (f"cp = {dims.cp}", dims.cp > 1), (f"ep = {dims.ep}", dims.ep > 1),
-        ("a mixture of experts", cfg.moe is not None),
-        ("recompute='segments'", cfg.recompute == "segments"),
-        (f"zero = {zero} (DDP, zero = 0, only)", zero not in (0, None)),
-        (f"dp_shard = {dims.dp_shard} (DDP's replicas are dp_replicate)", dims.dp_shard > 1))
-        if on]
+        (f"{model.name}'s architecture (a GPT's only: plan.sized.as_gpt makes one of its "
+         f"size)", not gpt),
+        (f"cp = {layout.cp}", layout.cp > 1), (f"ep = {layout.ep}", layout.ep > 1),
+        (f"ZeRO-{layout.zero} (DDP only)", layout.zero > 0),
+        ("the distributed optimizer (DDP only)", layout.distributed_optimizer),
+        (f"dtype {dtype!r} (one of {sorted(ITEMSIZE)})", dtype not in ITEMSIZE)) if on]
     if missing:
         raise ValueError(f"the dry run models tensor, pipeline and DDP data parallelism of a "
-                         f"dense GPT; not {', '.join(missing)}: run the real simulation "
-                         f"(parallel.mesh.parallelize) for that layout")
+                         f"GPT; not {', '.join(missing)}: run the real simulation "
+                         f"(parallel.mesh.parallelize) for that")
+    t = layout.tp
+    for what, n in (("heads", model.heads), ("ffn", model.ffn), ("vocab", model.vocab)) + \
+            ((("seq_len (sequence parallelism)", model.seq_len),)
+             if layout.sequence_parallel else ()):
+        if n % t:
+            raise ValueError(f"{model.name}: {what} = {n} does not divide by tp = {t}: each "
+                             f"tensor-parallel rank takes an equal part; choose tp among "
+                             f"its divisors")
 
 
-def timeline(cfg: GPTConfig, dims: ParallelDims, *, global_batch: int,
-             schedule: Union[str, list, None] = "1f1b", microbatches: Optional[int] = None,
-             chunks: Optional[int] = None, layers: Optional[Sequence[int]] = None,
-             sequence_parallel: bool = False, zero: Optional[int] = 0,
-             max_grad_norm: Optional[float] = None, topology: Optional[Topology] = None,
-             algorithm="auto", bucket_cap_mb: float = 25.0) -> Timeline:
-    """One train_step of parallelize(cfg, dims, ...) dry-run (the module docstring): the
-    same arguments, plus the global batch B (sequences) and the topology it runs on
-    (default: nodes of 8 H100s, as many as the world needs)."""
-    _refuse(cfg, dims, zero)
-    check_tensor_parallel(cfg, dims.tp, sequence_parallel)  # what parallelize refuses
-    actions = pipeline_schedule(dims.pp, schedule, microbatches, chunks)
-    if actions is None:
-        raise ValueError("the dry run times a pipeline schedule: give schedule= and "
-                         "microbatches= (at pp = 1 a schedule runs the model as one stage)")
+def timeline(model: ModelSpec, layout: Layout, topology: Topology, *,
+             dtype: str = "bfloat16", max_grad_norm: Optional[float] = None,
+             bucket_cap_mb: float = 25.0, algorithm="auto") -> Timeline:
+    """One train_step of `model` under `layout` on `topology`, dry-run (module docstring);
+    dtype: the model's (parallelize's GPTConfig.dtype); max_grad_norm: clipping, as
+    parallelize's; bucket_cap_mb: DDP's; algorithm: the collectives', as launch's."""
+    check_modelled(model, layout, dtype)
+    if topology.world_size < layout.gpus:
+        raise ValueError(f"the topology has {topology.world_size} devices; {layout} needs "
+                         f"{layout.gpus}")
+    actions = schedule(layout.schedule, layout.pp, layout.microbatches, layout.chunks)
     info = validate_schedule(actions)
-    m, S, P = info.microbatches, info.stages, dims.pp
-    if global_batch % (m * dims.dp):
-        raise ValueError(f"global_batch = {global_batch} sequences do not split into m = {m} "
-                         f"micro-batches of dp = {dims.dp} equal blocks: choose a multiple "
-                         f"of m x dp = {m * dims.dp}")
-    b = global_batch // (m * dims.dp)
-    topo = topology or Topology.nodes(-(-dims.world_size // 8), 8)
-    if topo.world_size < dims.world_size:
-        raise ValueError(f"the topology has {topo.world_size} devices; {dims} needs "
-                         f"{dims.world_size}")
-    costs = _Costs(topo, algorithm)
-    bounds = split_layers(cfg.num_layers, S, layers)
-    shapes = [StageShape.of(cfg, dims.tp, sequence_parallel, b, lo, hi, i, S)
-              for i, (lo, hi) in enumerate(bounds)]
-    reps = [ParallelGroups.at(dims, ParallelGroups.at(dims, 0).rank_of(pp=i))
-            for i in range(P)]
-    peak = topo.device.peak(cfg.np_dtype)
+    S, P = info.stages, layout.pp
+    bounds, lo = [], 0
+    for n in stage_layers(model.layers, S):
+        bounds.append((lo, lo + n))
+        lo += n
+    e = ITEMSIZE[dtype]
+    shapes = [StageShape.of(model, layout, e, lo, hi, i, S) for i, (lo, hi) in enumerate(bounds)]
+    reps = [Representative(layout, i) for i in range(P)]
+    costs = Costs(topology, algorithm)
+    peak = topology.device.peak(dtype_key(dtype))
     kinds = sorted({a.kind.value for row in actions for item in row for a in parts(item)})
     ops = {(k, i): _timed(stage_ops(shapes[i], k), reps[info.placement[i]], costs, peak)
            for k in kinds for i in range(S)}
@@ -176,38 +158,29 @@ def timeline(cfg: GPTConfig, dims: ParallelDims, *, global_batch: int,
     nbytes = shapes[0].message
 
     def p2p(msg: Message) -> float:
-        src, dst = reps[msg.src].rank, reps[msg.dst].rank
-        return cost_model.p2p_time(nbytes, topo.link(src, dst))
+        return cost_model.p2p_time(nbytes, topology.link(reps[msg.src].rank,
+                                                         reps[msg.dst].rank))
 
     dry = dry_run(lowered, durations, p2p)
-    act = [activation_bytes(cfg, g) for g in shapes]
-    ranks = [_expand(r, reps[r], lowered[r], dry, ops, durations, info, topo, nbytes, act)
+    act = [(hi - lo) * layer_activation_bytes(model, g.s, g.b, g.tp, g.sequence_parallel,
+                                              g.recompute, e, dropout=False)
+           for g, (lo, hi) in zip(shapes, bounds)]
+    ranks = [_expand(r, reps[r], lowered[r], dry, ops, durations, info, topology, nbytes, act)
              for r in range(P)]
-    _tail(ranks, reps, cfg, dims, info, shapes, costs, max_grad_norm, bucket_cap_mb)
+    step_tail(ranks, reps, model, info, shapes, costs, max_grad_norm, bucket_cap_mb)
     for r in ranks:
-        r.events.sort(key=lambda e: (e.start, e.end))
-    return Timeline(ranks, max(r.end for r in ranks), dry, dims.world_size)
+        r.events.sort(key=lambda ev: (ev.start, ev.end))
+    return Timeline(ranks, max(r.end for r in ranks), dry, layout.gpus)
 
 
-def activation_bytes(cfg: GPTConfig, g: StageShape) -> float:
-    """One micro-batch's activations on a stage: its layers' (plan.rank_memory's per-layer
-    formula for this GPT, recompute mode and dtype), not its ends."""
-    spec = ModelSpec("GPTConfig", cfg.num_layers, cfg.hidden,
-                     cfg.num_heads, cfg.ffn, cfg.vocab_size, cfg.seq_len,
-                     tied=cfg.tie_embeddings)
-    per_layer = layer_activation_bytes(spec, g.s, g.b, g.tp, g.sequence_parallel,
-                                       g.recompute, g.itemsize, dropout=cfg.dropout > 0)
-    return (g.hi - g.lo) * per_layer
-
-
-def _timed(ops: list[Op], rep: ParallelGroups, costs: _Costs, peak: float) -> list:
+def _timed(ops: list[Op], rep: Representative, costs: Costs, peak: float) -> list:
     """[(op, seconds, sent bytes)] of one action on its representative rank."""
     out = []
     for op in ops:
         if op.name == MATMUL:
             out.append((op, op.flops / peak, 0.0))
         else:
-            c, sent = costs.collective(op.name, op.nbytes, rep.tp.ranks, rep.rank)
+            c, sent = costs.collective(op.name, op.nbytes, rep.tp, rep.rank)
             out.append((op, c.seconds, sent))
     return out
 
@@ -226,21 +199,18 @@ def _events(rank: int, timed: list, t: float, group: tuple) -> tuple[list, float
     return out, t
 
 
-def _expand(r: int, rep: ParallelGroups, row: list, dry: DryRun, ops: dict, durations: dict,
-            info, topo: Topology, nbytes: int, act: list) -> RankTimeline:
+def _expand(r: int, rep: Representative, row: list, dry: DryRun, ops: dict,
+            durations: dict, info, topo: Topology, nbytes: int, act: list) -> RankTimeline:
     """Rank r's spans, each compute action opened into its ops, sends and receives as the
-    runtime records them (p2p.py)."""
+    runtime records them (p2p.py): a receive from max(posted, the send's start) to
+    max(posted, its arrival), posted when the list reaches it."""
     tl = RankTimeline(r, rep.rank)
     ev = tl.events
-    spans = dry.timeline[r]
-    sends = {}  # message -> (start, arrival), filled as the ranks' spans are read
-    for q, q_spans in enumerate(dry.timeline):
-        for span in q_spans:
-            if span.action.kind in (SEND_F, SEND_B):
-                sends[(span.action.stage, span.action.kind, span.action.microbatch)] = span
-    waited_by_pair = {recv for recv, _ in pair_overlap(row).values() if recv is not None}
+    sends = {(s.action.stage, s.action.kind, s.action.microbatch): s
+             for q_spans in dry.timeline for s in q_spans if s.action.kind in (SEND_F, SEND_B)}
+    by_pair = {recv for recv, _ in pair_overlap(row).values() if recv is not None}
     now, held = 0.0, {i: 0 for i in info.stages_of(r)}
-    for k, span in enumerate(spans):
+    for k, span in enumerate(dry.timeline[r]):
         a = span.action
         if a.is_compute:
             halves = [(a.forward, span.start), (a.backward, span.end -
@@ -248,95 +218,31 @@ def _expand(r: int, rep: ParallelGroups, row: list, dry: DryRun, ops: dict, dura
                 if isinstance(a, OverlapFB) else [(a, span.start)]
             for half, t0 in halves:
                 kind = half.kind.value
-                body, t1 = _events(rep.rank, ops[(kind, half.stage)], t0, rep.tp.ranks)
+                body, t1 = _events(rep.rank, ops[(kind, half.stage)], t0, rep.tp)
                 ev.extend(body)
                 meta = {"action": str(half), "stage": half.stage, "kind": kind,
                         "microbatch": half.microbatch, "pipeline_rank": r}
                 if isinstance(a, OverlapFB):
                     meta["pair"] = str(a)
-                ev.append(Event(rep.rank, "compute", kind, t0, t1, label=str(half),
-                                meta=meta))
+                ev.append(Event(rep.rank, "compute", kind, t0, t1, label=str(half), meta=meta))
                 held[half.stage] += (kind == "F") - (kind in ("B", "W"))
             tl.in_flight.append((span.end, sum(held.values())))
             tl.activations.append((span.end, sum(n * act[i] for i, n in held.items())))
             now = span.end
         elif a.kind in (SEND_F, SEND_B):
-            peer = rep.pp.ranks[info.placement[a.stage + (1 if a.kind is SEND_F else -1)]]
-            link = topo.link(rep.rank, peer)
+            peer = rep.pp[info.placement[a.stage + (1 if a.kind is SEND_F else -1)]]
             ev.append(Event(rep.rank, "p2p", "send", span.start, span.end, nbytes=nbytes,
                             group=(rep.rank, peer), label=f"to {peer}",
-                            meta={"sent_bytes": nbytes, "link": link.name}))
-        else:  # a receive: posted when the list reaches it, waited at once (or by a pair)
-            src_stage = a.stage - 1 if a.kind is RECV_F else a.stage + 1
-            sent = sends[(src_stage, SEND_F if a.kind is RECV_F else SEND_B, a.microbatch)]
-            peer = rep.pp.ranks[info.placement[src_stage]]
-            posted = now
-            ev.append(Event(rep.rank, "recv", "recv", max(posted, sent.start),
-                            max(posted, sent.end), nbytes=nbytes, group=(peer, rep.rank),
-                            label=f"from {peer}", meta={"link": topo.link(peer, rep.rank).name}))
-            if k not in waited_by_pair:
+                            meta={"sent_bytes": nbytes,
+                                  "link": topo.link(rep.rank, peer).name}))
+        else:
+            src = a.stage - 1 if a.kind is RECV_F else a.stage + 1
+            sent = sends[(src, SEND_F if a.kind is RECV_F else SEND_B, a.microbatch)]
+            peer = rep.pp[info.placement[src]]
+            ev.append(Event(rep.rank, "recv", "recv", max(now, sent.start), max(now, sent.end),
+                            nbytes=nbytes, group=(peer, rep.rank), label=f"from {peer}",
+                            meta={"link": topo.link(peer, rep.rank).name}))
+            if k not in by_pair:  # waited at once; a pair's waits inside its span
                 now = max(now, span.end)
     tl.end = dry.finish[r]
     return tl
-
-
-def _tail(ranks: list, reps: list, cfg: GPTConfig, dims: ParallelDims, info,
-          shapes: list, costs: _Costs, max_grad_norm, bucket_cap_mb: float) -> None:
-    """After the lists: the tied wte's all-reduce, DDP's buckets, the loss's broadcast,
-    the norm's all-reduce; a collective starts on its group when its last member comes."""
-    P, S = len(ranks), info.stages
-    now = [r.end for r in ranks]
-
-    def run(kind: str, nbytes: float, members: list, group_of, label: str, root: int = 0):
-        start = max(now[q] for q in members)
-        for q in members:
-            ranks_ = group_of(q)
-            c, sent = costs.collective(kind, nbytes, ranks_, reps[q].rank, root)
-            ranks[q].events.append(Event(reps[q].rank, "comm", kind, start, start + c.seconds,
-                                         nbytes=int(nbytes), group=ranks_, label=label,
-                                         meta={"sent_bytes": sent}))
-            now[q] = start + c.seconds
-
-    g0, e = shapes[0], shapes[0].itemsize
-    first, last = info.placement[0], info.placement[S - 1]
-    if cfg.tie_embeddings and first != last:
-        pair = tuple(sorted((reps[first].rank, reps[last].rank)))
-        run("all_reduce", g0.vocab // g0.tp * g0.h * e, [first, last], lambda q: pair,
-            f"embedding/pp")
-    if dims.dp > 1:
-        for q in range(P):
-            t = now[q]
-            for numel in _buckets(q, info, shapes, cfg.tie_embeddings, bucket_cap_mb * MIB / e):
-                c, sent = costs.collective("all_reduce", numel * e, reps[q].dp.ranks,
-                                           reps[q].rank)
-                ranks[q].events.append(Event(reps[q].rank, "comm", "all_reduce", t,
-                                             t + c.seconds, nbytes=numel * e,
-                                             group=reps[q].dp.ranks, label="dp",
-                                             meta={"sent_bytes": sent}))
-                t += c.seconds
-            now[q] = t
-    if P > 1:
-        src = reps[last].pp.group_rank(reps[last].rank)
-        run("broadcast", 8, list(range(P)), lambda q: reps[q].pp.ranks, "pp", root=src)
-    if max_grad_norm is not None and reps[0].model_parallel.size > 1:
-        run("all_reduce", 8, list(range(P)), lambda q: reps[q].model_parallel.ranks,
-            "model_parallel")
-    for q in range(P):
-        ranks[q].end = now[q]
-
-
-def _buckets(q: int, info, shapes: list, tied: bool, cap: float) -> list[int]:
-    """The numel of each DDP bucket of pipeline rank q (ddp.py's _make_buckets: its
-    stages' units reversed, each unit's parameters reversed, closed at cap elements)."""
-    mine = info.stages_of(q)
-    units = [u for i in mine for u in stage_units(shapes[i], tied)]
-    if tied and 0 in mine and info.stages - 1 in mine and info.stages > 1:
-        units = [(u, ps[:2] if u == "head" else ps) for u, ps in units]  # wte once, in EMBED
-    order = [n for _, ps in reversed(units) for n in reversed(ps)]
-    out, total = [], 0
-    for i, n in enumerate(order):
-        total += n
-        if total >= cap or i == len(order) - 1:
-            out.append(total)
-            total = 0
-    return out

@@ -17,11 +17,12 @@ import argparse
 import dataclasses
 import time
 
-from ..parallel.mesh.dims import ParallelDims
-from ..parallel.pp import SCHEDULES
+from ..parallel.pp.schedules import SCHEDULES
+from ..plan.layout import Layout
 from ..plan.presets import CLUSTERS, cluster, model
 from ..plan.sized import as_gpt
 from ..plan.timeline import timeline
+from ..viz.chrome import to_chrome_trace
 from .plan_command import PLANNABLE
 
 
@@ -62,26 +63,31 @@ def run(args: argparse.Namespace) -> int:
     node = cluster(args.gpu)
     m = args.microbatches or 2 * args.pp
     B = args.global_batch or m * args.dp
+    if B % (m * args.dp):
+        args.parser.error(f"--global-batch {B} must split into --microbatches {m} of --dp "
+                          f"{args.dp} equal blocks: give a multiple of {m * args.dp}")
     try:
-        cfg = dataclasses.replace(as_gpt(spec), recompute=args.recompute)
-        dims = ParallelDims(dp_replicate=args.dp, pp=args.pp, tp=args.tp)
-        nodes = -(-dims.world_size // node.gpus_per_node)
+        gpt = as_gpt(spec)
+        layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp, schedule=args.schedule,
+                        chunks=args.chunks or (2 if args.schedule in ("zbv", "dualpipev")
+                                               else 1),
+                        micro_batch=B // (m * args.dp),
+                        global_batch=B, sequence_parallel=args.sp, recompute=args.recompute)
+        nodes = -(-layout.gpus // node.gpus_per_node)
         began = time.perf_counter()
-        tl = timeline(cfg, dims, global_batch=B, schedule=args.schedule, microbatches=m,
-                      chunks=args.chunks, sequence_parallel=args.sp,
-                      topology=node.topology(nodes))
+        tl = timeline(gpt, layout, node.topology(nodes))
         took = time.perf_counter() - began
     except ValueError as e:
         args.parser.error(str(e))
     flops = sum(e.flops for r in tl.ranks for e in r.events) * args.dp * args.tp
-    peak = node.device.peak(cfg.np_dtype)
-    print(f"minipar dry-run: {spec.name} as a GPT of its size (h {cfg.hidden}, f {cfg.ffn}, "
-          f"{cfg.num_layers} layers, s {cfg.seq_len}) on {dims.world_size:,} x "
+    peak = node.device.peak("bfloat16")
+    print(f"minipar dry-run: {gpt.name} (h {gpt.hidden}, f {gpt.ffn}, {gpt.layers} layers, "
+          f"s {gpt.seq_len}, bf16) on {layout.gpus:,} x "
           f"{node.device.name}: dp {args.dp} x pp {args.pp} x tp {args.tp}"
           f"{' + SP' if args.sp else ''}, {args.schedule}, m = {m}, global batch {B}")
     print(f"  step {tl.step_time:.3f} s simulated ({took:.2f} s to dry-run "
           f"{sum(len(r.events) for r in tl.ranks):,} events), HFU "
-          f"{flops / (tl.step_time * dims.world_size * peak):.1%} (the matmuls run, "
+          f"{flops / (tl.step_time * layout.gpus * peak):.1%} (the matmuls run, "
           f"recomputation included, over the step's peak FLOPs)")
     print(f"  {'pp rank':>7} {'compute':>9} {'comm':>9} {'idle':>9} {'peak act.':>10}")
     for r in tl.ranks:
@@ -100,6 +106,6 @@ def run(args: argparse.Namespace) -> int:
           "bubble and p2p waits. One rank per pipeline coordinate, exact for it "
           "(plan/timeline.py).")
     if args.trace:
-        tl.chrome_trace(args.trace)
+        to_chrome_trace(tl.events(), args.trace)
         print(f"  wrote {args.trace} (chrome://tracing or ui.perfetto.dev)")
     return 0

@@ -17,9 +17,10 @@ from hypothesis import event, given, settings, strategies as st
 import minipar as mp
 from minipar.nn import GPTConfig
 from minipar.parallel import ParallelDims, parallelize
-from minipar.parallel.mesh.groups import ParallelGroups
 from minipar.parallel.pp import ScheduleError, schedule as make_schedule
 from minipar.plan import stage_ops
+from minipar.plan.layout import Layout
+from minipar.plan.presets import ModelSpec
 from minipar.plan.timeline import timeline
 from minipar.runtime.collectives import barrier
 from minipar.runtime.topology import Topology
@@ -30,7 +31,8 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2") + V_SCHEDULE
 
 
 def real_step(cfg, dims, B, topology, **kw):
-    """Per global rank: (its clock after the barrier, its events of one train_step)."""
+    """Per global rank: (its clock after the barrier, its events of one train_step, its
+    coordinate on the mesh)."""
     def program(ctx):
         run = parallelize(cfg, dims, placement="any", lr=1e-3, **kw)
         rng = np.random.default_rng(0)
@@ -40,7 +42,7 @@ def real_step(cfg, dims, B, topology, **kw):
         ctx.trace.clear()
         run.train_step(ids, tgt)
         ctx.resolve_pending()
-        return t0, list(ctx.trace.events)
+        return t0, list(ctx.trace.events), run.groups.coordinate
 
     return mp.launch(program, dims.world_size, topology=topology)
 
@@ -63,14 +65,27 @@ def assert_same(real_events, t0, dry_events, where):
             f"{where}: {fa} real {ta}, dry run {tb}"
 
 
-def check(cfg, dims, B, gpus_per_node=8, **kw):
-    """Run both and compare every rank; returns the timeline."""
+def planned(cfg, dims, B, schedule, microbatches, chunks=1, sequence_parallel=False):
+    """The planner's ModelSpec and Layout of what parallelize(cfg, dims, ...) runs."""
+    model = ModelSpec("test GPT", cfg.num_layers, cfg.hidden, cfg.num_heads, cfg.ffn,
+                      cfg.vocab_size, cfg.seq_len, tied=cfg.tie_embeddings)
+    layout = Layout(tp=dims.tp, pp=dims.pp, dp=dims.dp, schedule=schedule, chunks=chunks,
+                    micro_batch=B // (microbatches * dims.dp), global_batch=B,
+                    sequence_parallel=sequence_parallel, recompute=cfg.recompute)
+    return model, layout
+
+
+def check(cfg, dims, B, gpus_per_node=8, max_grad_norm=None, **kw):
+    """Run both and compare every rank; returns the timeline and the real run."""
     nodes = -(-dims.world_size // gpus_per_node)
     topo = Topology.nodes(nodes, min(gpus_per_node, dims.world_size))
-    res = real_step(cfg, dims, B, topo, **kw)
-    tl = timeline(cfg, dims, global_batch=B, topology=topo, **kw)
-    for rank, (t0, events) in enumerate(res):
-        pp = ParallelGroups.at(dims, rank).coordinate["pp"]
+    res = real_step(cfg, dims, B, topo, max_grad_norm=max_grad_norm, **kw)
+    tl = timeline(*planned(cfg, dims, B, **kw), topo, dtype=cfg.dtype,
+                  max_grad_norm=max_grad_norm)
+    for rank, (t0, events, where) in enumerate(res):
+        pp = where["pp"]
+        if where["tp"] == where["dp_replicate"] == 0:
+            assert tl.ranks[pp].rank == rank  # the representative is the real rank
         assert_same(events, t0, tl.ranks[pp].events, f"rank {rank} (pipeline rank {pp})")
     return tl, res
 
@@ -154,16 +169,21 @@ def test_activations_held_are_the_runners(monkeypatch):
 
 
 def test_refusals_name_what_is_not_modelled():
-    cfg = GPTConfig(vocab_size=16, seq_len=4, hidden=8, num_heads=2, num_layers=2)
-    with pytest.raises(ValueError, match="zero = 1"):
-        timeline(cfg, ParallelDims(dp_shard=2, pp=2), global_batch=4, zero=1,
-                 microbatches=2)
-    with pytest.raises(ValueError, match="cp = 2"):
-        timeline(cfg, ParallelDims(cp=2, pp=2), global_batch=4, microbatches=2)
-    with pytest.raises(ValueError, match="multiple of m x dp = 4"):
-        timeline(cfg, ParallelDims(dp_replicate=2, pp=2), global_batch=6, microbatches=2)
-    with pytest.raises(ValueError, match="schedule="):
-        timeline(cfg, ParallelDims(tp=2), global_batch=4, schedule=None)
+    from minipar.plan.presets import MODELS
+    gpt = ModelSpec("g", 2, 8, 2, 32, 16, 4)
+    topo = Topology.nodes(1, 8)
+    for layout, words in ((Layout(dp=2, zero=1, global_batch=2), "ZeRO-1"),
+                          (Layout(cp=2), "cp = 2"),
+                          (Layout(dp=2, distributed_optimizer=True, global_batch=2),
+                           "distributed optimizer")):
+        with pytest.raises(ValueError, match=words):
+            timeline(gpt, layout, topo)
+    with pytest.raises(ValueError, match="as_gpt"):
+        timeline(MODELS["llama3-8b"], Layout(tp=8), topo)
+    with pytest.raises(ValueError, match="heads = 2 does not divide by tp = 4"):
+        timeline(gpt, Layout(tp=4), topo)
+    with pytest.raises(ValueError, match="the topology has 8 devices"):
+        timeline(gpt, Layout(dp=16, global_batch=16), topo)
 
 
 def test_a_llama_3_405b_sized_step_on_16384_gpus():
@@ -174,20 +194,20 @@ def test_a_llama_3_405b_sized_step_on_16384_gpus():
     head; forward once, backward twice)."""
     from minipar.plan.presets import CLUSTERS, MODELS
     from minipar.plan.sized import as_gpt
-    cfg = as_gpt(MODELS["llama3-405b"])
-    dims = ParallelDims(dp_replicate=128, pp=16, tp=8)
+    gpt = as_gpt(MODELS["llama3-405b"])
     B, m = 2048, 16
-    tl = timeline(cfg, dims, global_batch=B, schedule="interleaved_1f1b", microbatches=m,
-                  chunks=2, sequence_parallel=True, max_grad_norm=1.0,
-                  topology=CLUSTERS["h100"].topology(2048))
+    layout = Layout(dp=128, pp=16, tp=8, schedule="interleaved_1f1b", chunks=2,
+                    global_batch=B, sequence_parallel=True)
+    assert layout.microbatches == m
+    tl = timeline(gpt, layout, CLUSTERS["h100"].topology(2048), max_grad_norm=1.0)
     assert len(tl.ranks) == 16 and tl.world_size == 16384
     for r in tl.ranks:
         kinds = [e.name for e in r.events if e.name in ("F", "B")]
         assert kinds.count("F") == kinds.count("B") == m * 2
         assert r.end <= tl.step_time
-    s, l, h, f, V = cfg.seq_len, cfg.num_layers, cfg.hidden, cfg.ffn, cfg.vocab_size
+    s, l, h, f, V = gpt.seq_len, gpt.layers, gpt.hidden, gpt.ffn, gpt.vocab
     want = 3 * B * s * (l * (8 * h * h + 4 * h * f + 4 * s * h) + 2 * h * V)
-    got = sum(e.flops for r in tl.ranks for e in r.events) * dims.dp * dims.tp
+    got = sum(e.flops for r in tl.ranks for e in r.events) * layout.dp * layout.tp
     assert got == pytest.approx(want, rel=1e-12)
     assert tl.step_time > max(r.busy("compute", "matmul") for r in tl.ranks)
 
@@ -209,4 +229,4 @@ def test_the_dry_run_command(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["dry-run", "--model", "175b", "--tp", "5"])
     assert exit_.value.code == 2
-    assert "num_heads" in capsys.readouterr().err
+    assert "heads = 96 does not divide by tp = 5" in capsys.readouterr().err

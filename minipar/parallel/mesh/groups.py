@@ -50,23 +50,8 @@ class ParallelGroups:
             raise ValueError(f"ParallelGroups(rank={rank!r}): rank is a global rank of this "
                              f"world of {ctx.world_size}, 0..{ctx.world_size - 1}, or None "
                              f"for the calling rank ({ctx.rank})")
-        rank = ctx.rank if rank is None else int(rank)
-        dims.check_world(ctx.world_size, rank)
-        self._build(dims, rank)
-
-    @classmethod
-    def at(cls, dims: ParallelDims, rank: int) -> "ParallelGroups":
-        """The groups of global `rank` in a world of dims.world_size ranks, outside any
-        launch (a dry run asks them of ranks it does not run)."""
-        if not isinstance(dims, ParallelDims):
-            raise TypeError(f"ParallelGroups takes a ParallelDims, got {type(dims).__name__}")
-        dims.check_world(dims.world_size, rank)
-        groups = cls.__new__(cls)
-        groups._build(dims, int(rank))
-        return groups
-
-    def _build(self, dims: ParallelDims, rank: int) -> None:
-        self.rank = rank
+        self.rank = ctx.rank if rank is None else int(rank)
+        dims.check_world(ctx.world_size, self.rank)
         self.dims = dims
         #: the torch spelling of the layout: init_device_mesh(dims.mesh_shape, names)
         self.mesh = DeviceMesh(dims.mesh_shape, dims.mesh_dim_names)
