@@ -8,7 +8,9 @@ FLOP/s against bare np.matmul's (benchmarks/bench_model.py), the wall time of a
 data-parallel step on 4 simulated ranks against one device (benchmarks/bench_dp.py), the
 wall time of a 2 x 2 (dp x tp) tensor-parallel step against one device
 (benchmarks/bench_tp.py), the wall time of a pp = 4 and a 2 x 2 x 2 (dp x pp x tp)
-pipeline step against one device (benchmarks/bench_pp.py), and, when mpi4py and mpiexec are installed (the [mpi] extra),
+pipeline step against one device (benchmarks/bench_pp.py), the dry run of a
+Llama-3-405B-sized step on 16,384 GPUs against its 10 s target and a small layout's dry run
+against its real simulated step (benchmarks/bench_dry_run.py), and, when mpi4py and mpiexec are installed (the [mpi] extra),
 the MPI backend's all_reduce against raw mpi4py, by running
 `mpiexec -n 4 python benchmarks/bench_mpi.py`.
 
@@ -34,6 +36,7 @@ import minipar as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dp import main as dp_benchmark  # noqa: E402  (benchmarks/bench_dp.py)
+from bench_dry_run import main as dry_run_benchmark  # noqa: E402  (bench_dry_run.py)
 from bench_model import gpt_step_efficiency  # noqa: E402  (benchmarks/bench_model.py)
 from bench_pp import main as pp_benchmark  # noqa: E402  (benchmarks/bench_pp.py)
 from bench_scale import main as scale_benchmark  # noqa: E402  (benchmarks/bench_scale.py)
@@ -102,7 +105,8 @@ def barrier_floor(world: int, iters: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--only", choices=("runtime", "model", "dp", "tp", "pp", "mpi", "scale"),
+    ap.add_argument("--only", choices=("runtime", "model", "dp", "tp", "pp", "dry-run", "mpi",
+                                         "scale"),
                     help="run one group of benchmarks (default: all but scale, which "
                     "takes minutes: one step at 16 ... 4,096 simulated ranks)")
     args = ap.parse_args()
@@ -116,6 +120,8 @@ def main() -> None:
         tp_benchmark([])
     if args.only in (None, "pp"):
         pp_benchmark([])
+    if args.only in (None, "dry-run"):
+        dry_run_benchmark([])
     if args.only in (None, "mpi"):
         print(mpi_benchmark())
     if args.only == "scale":
