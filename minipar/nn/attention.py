@@ -21,6 +21,12 @@ With dropout off, the dropout output *is* the softmax output: it is saved once, 
 mask not at all. Selective recomputation saves only Q, K, V and recomputes the softmax
 and dropout (from a copy of the generator taken before) during backward, at the cost of one more
 Q K^T matmul: 2 b s^2 h FLOPs.
+
+Elementwise bytes (memory_bound.py), S = b·a·s² scores, Q = the elements of qkv and the
+context (4sbh): softmax 2eS forward, 3eS backward (softmax.py); with dropout, the attention
+dropout (2e + 1)S each way; the per-head layouts of q, k, v and the context, 2eQ each way
+(the copies the batched matmuls need). Selective recomputation charges the softmax and
+dropout forward again in backward, with the Q K^T matmul.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import numpy as np
 from .dropout import dropout_backward, dropout_forward
 from .linear import Linear
 from .matmul import matmul
+from .memory_bound import charge_bytes, mask_bytes
 from .module import Module
 from .saved import Saved
 from .softmax import softmax_backward, softmax_forward
@@ -75,7 +82,20 @@ def _probs(q: np.ndarray, k: np.ndarray, p: float, rng: np.random.Generator):
     np.copyto(scores, np.asarray(-np.inf, scores.dtype), where=_future(q.shape[2]))
     probs, s_soft = softmax_forward(scores, axis=-1)  # probs: [b, a, s, s]
     dropped, s_drop = dropout_forward(probs, p, rng)  # dropped: [b, a, s, s]
+    if p > 0:
+        charge_bytes("attention_dropout", attention_dropout_bytes(probs, p))
     return probs, s_soft, dropped, s_drop
+
+
+def attention_dropout_bytes(probs: np.ndarray, p: float) -> int:
+    """(2e + r)·S: read the probabilities, write the dropped ones and the 1-byte mask."""
+    return (2 * probs.itemsize + mask_bytes(p)) * probs.size
+
+
+def layout_bytes(qkv: np.ndarray, context: np.ndarray) -> int:
+    """2eQ: q, k, v and the context copied once each between [s, b, ...] and [b, a, s, d]
+    (read and write), Q = qkv.size + context.size."""
+    return 2 * (qkv.nbytes + context.nbytes)
 
 
 def core_attention_forward(qkv: np.ndarray, num_heads: int, p: float,
@@ -85,6 +105,7 @@ def core_attention_forward(qkv: np.ndarray, num_heads: int, p: float,
     q, k, v = _heads(qkv, num_heads)
     probs, s_soft, dropped, s_drop = _probs(q, k, p, rng)
     context = _merge_heads(matmul(dropped, v, label="attn p@v"))  # context: [s, b, h]
+    charge_bytes("attention_layout", layout_bytes(qkv, context))
     if selective:  # keep only Q, K, V; softmax and dropout are recomputed in backward
         s_soft.release(), s_drop.release()
         return context, Saved("attn.core", qkv=qkv, replay=replay, p=p, heads=num_heads)
@@ -105,6 +126,8 @@ def core_attention_backward(dcontext: np.ndarray, saved: Saved) -> np.ndarray:
     dctx = dcontext.reshape(s, b, a, d).transpose(1, 2, 0, 3)  # dctx: [b, a, s, d]
     ddropped = matmul(dctx, v.swapaxes(-1, -2), label="attn d(p@v)/dp")  # [b, a, s, s]
     dv = matmul(dropped.swapaxes(-1, -2), dctx, label="attn d(p@v)/dv")  # [b, a, s, d]
+    if saved.p > 0:
+        charge_bytes("attention_dropout.backward", attention_dropout_bytes(ddropped, saved.p))
     dprobs = dropout_backward(ddropped, s_drop)
     dscores = softmax_backward(dprobs, s_soft)  # masked entries have probs 0: dscores 0
     dscores *= np.asarray(1.0 / np.sqrt(d), dtype=dscores.dtype)  # in place: a new array
@@ -114,6 +137,7 @@ def core_attention_backward(dcontext: np.ndarray, saved: Saved) -> np.ndarray:
     dqkv = np.empty((s, b, a, 3, d), dtype=np.result_type(dq, dk, dv))  # one copy each
     for i, g in enumerate((dq, dk, dv)):
         dqkv[:, :, :, i, :] = g.transpose(2, 0, 1, 3)  # [b, a, s, d] -> [s, b, a, d]
+    charge_bytes("attention_layout.backward", layout_bytes(dqkv, dcontext))
     return dqkv.reshape(s, b, a * 3 * d)  # dqkv: [s, b, 3h]
 
 

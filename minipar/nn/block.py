@@ -3,7 +3,9 @@
     x1 = x  + dropout(attn(ln1(x)))
     y  = x1 + dropout(mlp(ln2(x1)))
 (GPT-2, Radford et al. 2019.) Backward runs the same graph in reverse: each residual
-branch's gradient is added to the gradient flowing straight through.
+branch's gradient is added to the gradient flowing straight through. Each branch's dropout
+and residual add is one memory-bound op (Megatron-LM's fused bias-dropout-add), charged
+`dropout_add` (3e + r)N forward and (6e + r)N backward, N = x.size (memory_bound.py).
 
 Recomputation (Chen et al. 2016; Korthikanti et al. 2022):
   "none"       every tensor each op saves stays until backward: 34 sbh + 5 a s^2 b bytes
@@ -34,6 +36,7 @@ import numpy as np
 from .attention import CausalSelfAttention
 from .dropout import dropout_backward, dropout_forward
 from .layernorm import LayerNorm
+from .memory_bound import charge_bytes, mask_bytes
 from .mlp import MLP
 from .module import Module
 from .saved import Saved, release_all
@@ -122,10 +125,13 @@ class Block(Module):
         a_out, s_attn = self.attn.forward(a_in, rng, selective)  # a_out: [s, b, h]
         a_drop, s_d1 = dropout_forward(a_out, self.dropout, self.residual_rng(rng))
         x1 = x + a_drop  # x1: [s, b, h]
+        charge_bytes("dropout_add", dropout_add_bytes(x1, self.dropout))
         m_in, s_ln2 = self.ln2.forward(x1)
         m_out, s_mlp = self.mlp.forward(m_in, rng)
         m_drop, s_d2 = dropout_forward(m_out, self.dropout, self.residual_rng(rng))
-        return x1 + m_drop, (s_ln1, s_attn, s_d1, s_ln2, s_mlp, s_d2)
+        y = x1 + m_drop
+        charge_bytes("dropout_add", dropout_add_bytes(y, self.dropout))
+        return y, (s_ln1, s_attn, s_d1, s_ln2, s_mlp, s_d2)
 
     # ---- backward ---------------------------------------------------------------------
     def backward(self, dy: np.ndarray, saved, store: Optional[WeightGradStore] = None,
@@ -140,12 +146,21 @@ class Block(Module):
             saved.release()
             _, saved = self._forward(x, rng, selective=False)  # the forward, once more
         s_ln1, s_attn, s_d1, s_ln2, s_mlp, s_d2 = saved
+        charge_bytes("dropout_add.backward", dropout_add_bytes(dy, self.dropout, True))
         dm_out = dropout_backward(dy, s_d2)
         dm_in = part_backward(self.mlp, dm_out, s_mlp, store, loss_scale)
         dx1 = dy + part_backward(self.ln2, dm_in, s_ln2, store)  # straight through + branch
+        charge_bytes("dropout_add.backward", dropout_add_bytes(dx1, self.dropout, True))
         da_out = dropout_backward(dx1, s_d1)
         da_in = part_backward(self.attn, da_out, s_attn, store)
         return dx1 + part_backward(self.ln1, da_in, s_ln1, store)
+
+
+def dropout_add_bytes(x: np.ndarray, p: float, backward: bool = False) -> int:
+    """A residual branch's fused dropout and add over x's N elements (Megatron-LM's
+    bias-dropout-add): (3e + r)N forward (read the branch and the stream, write the sum; the
+    mask), (6e + r)N backward (the dropout's, the bias's sum and the residual's sum)."""
+    return ((6 if backward else 3) * x.itemsize + mask_bytes(p)) * x.size
 
 
 def part_backward(part, dy: np.ndarray, saved, store: Optional[WeightGradStore],

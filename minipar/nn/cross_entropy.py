@@ -22,7 +22,10 @@ the softmax; the saving here is a choice, documented so the ledger can be checke
 
 Precision: computed in float32 (float64 when the logits are float64); the loss is a numpy
 scalar of that dtype, dlogits has the logits' dtype.
-FLOPs: none charged; no matmul here (see `matmul.py`).
+FLOPs: none; no matmul here (see `matmul.py`). Its time is the bytes it moves
+(memory_bound.py, `cross_entropy_bytes`): (e + c)·TV forward (read the logits, write the
+softmax in the compute dtype, c bytes, as Megatron-LM's kernel does), (c + e)·TV backward
+(read it, write dlogits), TV = logits.size.
 """
 
 from __future__ import annotations
@@ -30,7 +33,15 @@ from __future__ import annotations
 import numpy as np
 
 from .matmul import compute_dtype
+from .memory_bound import charge_bytes
 from .saved import Saved
+
+
+def cross_entropy_bytes(logits: np.ndarray) -> int:
+    """(e + c)·TV, each way: the logits (e bytes an element) and their softmax in the
+    compute dtype (c = 4, 8 for float64), TV = logits.size (a vocabulary shard's under
+    tensor parallelism)."""
+    return (logits.itemsize + compute_dtype(logits.dtype).itemsize) * logits.size
 
 
 def _log_sum_exp(lf: np.ndarray) -> np.ndarray:
@@ -66,6 +77,7 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
     count = int(valid.sum())
     total = np.where(valid, lse - picked, 0).sum(dtype=ct)
     loss = ct.type(total / count) if count else ct.type(0.0)
+    charge_bytes("cross_entropy", cross_entropy_bytes(logits))
     return loss, Saved("cross_entropy", logits=logits, lse=lse, targets=targets,
                        ignore_index=ignore_index, count=count)
 
@@ -86,4 +98,5 @@ def cross_entropy_backward(dloss, saved: Saved) -> np.ndarray:
     scale = ct.type(float(dloss) / saved.count) if saved.count else ct.type(0.0)
     grad *= valid[..., None] * scale
     saved.release()
+    charge_bytes("cross_entropy.backward", cross_entropy_bytes(logits))
     return grad.astype(logits.dtype, copy=False)

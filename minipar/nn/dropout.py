@@ -17,7 +17,9 @@ where they are split). The forward advances the generator by x.size draws (none 
 p == 0).
 
 Precision: computed in float32 for bf16/fp16/float32 inputs, float64 for float64,
-rounded to the input dtype. FLOPs: none charged; dropout is elementwise (see `matmul.py`).
+rounded to the input dtype. FLOPs: none; dropout is elementwise (see `matmul.py`). Its
+bytes are charged by the op it is fused into (memory_bound.py): the block's residual
+`dropout_add`, the attention's `attention_dropout`, the `embedding`.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@
 
 A lookup is a gather, not a matmul (it equals one_hot(ids) @ table, but no one computes
 it that way), so it charges no FLOPs: model FLOPs count matmuls only (see `matmul.py`).
+Its time is the bytes it moves (memory_bound.py), charged by the model's embedding step
+for the lookup, the position embedding's add and the dropout together, as Megatron-LM
+fuses them: `embedding_bytes`, (5e + r)N each way, N the elements of the stream.
 
 Memory: the forward saves the ids only (ids.nbytes: 8 bytes a token for int64); the
 table is a parameter and the backward needs only the vocabulary size from it.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .matmul import compute_dtype
+from .memory_bound import charge_bytes, mask_bytes
 from .module import Module
 from .parameter import Parameter, init_normal
 from .saved import Saved
@@ -39,6 +43,18 @@ def embedding_forward(ids: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, S
                          f"got {bad[:5].tolist()}{' ...' if bad.size > 5 else ''}")
     y = table[ids]  # y: [s, b, h]
     return y, Saved("embedding", ids=ids)
+
+
+def embedding_bytes(x: np.ndarray, p: float) -> int:
+    """(5e + r)·N: the token and position lookups, their sum and the dropout of the stream
+    x (N = x.size elements of e bytes; r = 1 byte of mask when p > 0), one way."""
+    return (5 * x.itemsize + mask_bytes(p)) * x.size
+
+
+def charge_embedding(x: np.ndarray, p: float, backward: bool = False) -> None:
+    """Charge the model's embedding step ("embedding", "embedding.backward") its bytes,
+    embedding_bytes of the stream x [s, b, h] (a rank's shard of it under SP)."""
+    charge_bytes("embedding.backward" if backward else "embedding", embedding_bytes(x, p))
 
 
 def embedding_backward(dy: np.ndarray, saved: Saved, vocab_size: int) -> np.ndarray:

@@ -13,7 +13,9 @@ or so in float64) element by element.
 Memory: the forward saves x (x.nbytes; for the MLP's [s, b, 4h] input in bf16 that is
 Korthikanti et al. 2022's 8sbh GeLU term). Precision: computed in float32 for
 bf16/fp16/float32 inputs (the erf itself in float64), float64 for float64, rounded to the
-input dtype. FLOPs: none charged; GeLU is elementwise (see `matmul.py`).
+input dtype. FLOPs: none; GeLU is elementwise (see `matmul.py`). Its time is the bytes it
+moves (memory_bound.py): 2eF forward (read x, write y), 4eF backward (read dy and x, write
+dx, and the fused bias's gradient, as Megatron-LM's bias-GeLU), F = x.size.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 import numpy as np
 
 from .matmul import compute_dtype
+from .memory_bound import charge_bytes
 from .saved import Saved
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -71,6 +74,7 @@ def gelu_forward(x: np.ndarray, approximate: str = "tanh") -> tuple[np.ndarray, 
         y = y.reshape(x.shape)
     else:
         y = 0.5 * xf * (1.0 + erf(xf * INV_SQRT_2).astype(ct, copy=False))
+    charge_bytes("gelu", 2 * x.nbytes)  # read x, write y: 2eF
     return y.astype(x.dtype, copy=False), Saved("gelu", x=x, approximate=approximate)
 
 
@@ -104,4 +108,5 @@ def gelu_backward(dy: np.ndarray, saved: Saved) -> np.ndarray:
         d = cdf + xf * pdf
     saved.release()
     d *= dy.astype(ct, copy=False)
+    charge_bytes("gelu.backward", 4 * x.nbytes)  # read dy, x, write dx, the bias: 4eF
     return d.astype(x.dtype, copy=False)

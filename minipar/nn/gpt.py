@@ -56,7 +56,7 @@ from .block import Block, RemoteBlock, dense_parts
 from .config import GPTConfig
 from .cross_entropy import cross_entropy_backward, cross_entropy_forward
 from .dropout import dropout_backward, dropout_forward
-from .embedding import Embedding
+from .embedding import Embedding, charge_embedding
 from .hooks import EMBED, HEAD, ROOT, Hooks, block_unit
 from .layernorm import LayerNorm
 from .linear import Linear, linear_backward, linear_backward_split, linear_forward
@@ -132,9 +132,8 @@ class GPT(Module):
         return np.broadcast_to(np.arange(s)[:, None], (s, b))
 
     def build_wte(self):
-        cfg = self.cfg
-        return Embedding("wte", cfg.vocab_size, cfg.hidden, cfg.seed, cfg.np_dtype,
-                         cfg.init_std)
+        c = self.cfg
+        return Embedding("wte", c.vocab_size, c.hidden, c.seed, c.np_dtype, c.init_std)
 
     def build_block(self, i: int) -> Block:
         cfg, name = self.cfg, block_unit(i)
@@ -238,6 +237,7 @@ class GPT(Module):
         pos, s_wpe = self.wpe.forward(self.position_ids(s, b))  # pos: [s, b, h]
         x = self.to_residual(tok + pos)  # x: [s, b, h] (sequence parallel: [s/t, b, h])
         x, s_drop = dropout_forward(x, self.cfg.dropout, self.residual_rng(rng))
+        charge_embedding(x, self.cfg.dropout)  # its bytes, on the stream [s(/t), b, h]
         if self.root_is_split:
             self.hooks.fire("forward_post", EMBED)
         return x, EmbedSaved(s_wte, s_wpe, s_drop)
@@ -249,6 +249,7 @@ class GPT(Module):
         both lookups' ids until W."""
         if self.root_is_split:
             self.hooks.fire("backward_pre", EMBED)
+        charge_embedding(dx, self.cfg.dropout, backward=True)
         dx = dropout_backward(dx, saved.dropout)
         dx = self.to_residual_backward(dx)  # dx: [s, b, h]
         if store is None:
@@ -380,8 +381,7 @@ class GPT(Module):
     # ---- checks -------------------------------------------------------------------------
     def _check_ids(self, ids: np.ndarray) -> tuple[int, int]:
         if np.ndim(ids) != 2:
-            raise ValueError(f"ids must be int [s, b] (sequence first), got shape "
-                             f"{np.shape(ids)}")
+            raise ValueError(f"ids must be int [s, b] (sequence first), got {np.shape(ids)}")
         s, b = ids.shape
         if s > self.cfg.seq_len:
             raise ValueError(f"sequence length {s} exceeds the model's seq_len "

@@ -14,7 +14,9 @@ rstd, 2 floats a token; here the formula is matched to the byte.)
 Precision: computed in float32 for bf16/fp16/float32 inputs and in float64 for float64;
 the result is rounded to the input dtype, dgamma/dbeta to gamma's dtype.
 
-FLOPs: none charged; normalisation is not a matmul (see `matmul.py`).
+FLOPs: none; normalisation is no matmul (see `matmul.py`). Its time is the bytes it moves
+(memory_bound.py): 2eN forward (read x, write y), 5eN backward (read dy and x, write dx;
+read dy and x again for dgamma and dbeta), N = x.size, e its itemsize.
 
 Split backward (weight_grads.py): with a `store`, the backward computes dx, dgamma and
 dbeta exactly as the fused one does (dgamma needs xhat, which dx needs too), frees x, and
@@ -28,6 +30,7 @@ from typing import Optional
 import numpy as np
 
 from .matmul import compute_dtype
+from .memory_bound import charge_bytes
 from .module import Module
 from .parameter import Parameter
 from .saved import Saved
@@ -65,6 +68,7 @@ def layernorm_forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
     y, _ = _normalise(x.astype(ct, copy=False), eps)  # xhat, a new array
     y *= gamma.astype(ct, copy=False)  # y = xhat * gamma + beta, in place
     y += beta.astype(ct, copy=False)
+    charge_bytes("layernorm", 2 * x.nbytes)  # read x, write y: 2eN
     return y.astype(x.dtype, copy=False), Saved("layernorm", x=x)
 
 
@@ -91,6 +95,7 @@ def layernorm_backward(dy: np.ndarray, saved: Saved, gamma: np.ndarray, eps: flo
     g -= t
     g *= rstd
     saved.release()
+    charge_bytes("layernorm.backward", 5 * x.nbytes)  # dx: read dy, x, write; dgamma, dbeta
     return g.astype(x.dtype, copy=False), dgamma.astype(gamma.dtype), dbeta.astype(gamma.dtype)
 
 

@@ -15,7 +15,8 @@ al. 2022's activation formula.
 
 FLOPs: only the matmuls are charged (see `matmul.py`): 2·N·in·out for the forward and
 twice that for the backward (dgrad and wgrad), N being the number of tokens. Adding the
-bias and summing db are elementwise work and charge nothing.
+bias and summing db are elementwise work and charge nothing of their own: Megatron-LM fuses
+them into the ops that follow (bias-GeLU, bias-dropout-add; memory_bound.py).
 
 The backward is also offered in its two halves, `linear_backward_input` (dgrad) and
 `linear_backward_weight` (wgrad), because zero-bubble pipeline schedules run them at

@@ -1,14 +1,19 @@
-"""Matrix multiplication: the only operation that charges the simulated clock.
+"""Matrix multiplication, charged to the clock as the GEMMs it is.
 
     c = a @ b                 a: [..., m, k], b: [..., k, n]  ->  c: [..., m, n]
     FLOPs = 2 * m * n * k * (number of matrices in the broadcast batch)
           = 2 * k * c.size    (one multiply and one add per term of every output element)
+    time  = FLOPs / (eff(m, n, k) * peak(dtype))
 
 Model FLOPs count matrix multiplications only, as in Megatron-LM's and PaLM's MFU
-accounting (Narayanan et al. 2021, appendix; Chowdhery et al. 2022, appendix B):
-elementwise work, normalisation, softmax and reductions are memory-bound and tiny next to
-the matmuls, and are charged nothing here. Every layer in `minipar.nn` multiplies through
-`matmul`, so the clock and the trace see every matmul FLOP, and only those.
+accounting (Narayanan et al. 2021, appendix; Chowdhery et al. 2022, appendix B). Every
+layer in `minipar.nn` multiplies through `matmul`, so the clock and the trace see every
+matmul FLOP, and only those. The time is the context's compute model's
+(runtime/compute_model.py): under the peak model (the default) eff = 1; under the
+calibrated one eff is the efficiency of one GEMM of (m, n, k): a batched matmul is that
+many GEMMs of one matrix's size, each at one matrix's efficiency. Elementwise work
+(normalisation, softmax, activations, dropout, the loss) does no model FLOPs; what it costs
+is the bytes it moves (memory_bound.py), charged by each op.
 
 Precision rule (what tensor cores do): for bfloat16 and float16 inputs, the products are
 accumulated in float32 and the result is rounded once to the input dtype. float32 stays
@@ -47,10 +52,12 @@ def matmul(a: np.ndarray, b: np.ndarray, label: str = "",
     """c = a @ b, charging 2·m·n·k FLOPs per matrix (times the batch) to the clock.
 
     a: [..., m, k], b: [..., k, n] -> c: [..., m, n]; leading batch dims broadcast as in
-    `np.matmul` (a 1-D operand is a vector, as there). The FLOPs are charged at the peak
-    rate of the inputs' dtype (bf16 work runs at the bf16 tensor-core rate). `flops`, if
-    given, is charged instead: for a product whose masked entries a real kernel skips
-    (parallel/cp charges a causal diagonal block half of its dense count).
+    `np.matmul` (a 1-D operand is a vector, as there: m or n is 1). The FLOPs are charged
+    at the peak rate of the inputs' dtype (bf16 work runs at the bf16 tensor-core rate),
+    divided by the compute model's efficiency of one [m, k] x [k, n] GEMM. `flops`, if
+    given, is charged instead, at the same GEMM's efficiency: for a product whose masked
+    entries a real kernel skips (parallel/cp charges a causal diagonal block half of its
+    dense count).
     """
     a, b = np.asarray(a), np.asarray(b)
     out_dtype = np.result_type(a.dtype, b.dtype)
@@ -62,5 +69,7 @@ def matmul(a: np.ndarray, b: np.ndarray, label: str = "",
     k = a.shape[-1]
     if flops is None:
         flops = 2 * k * c.size  # = 2 m n k per matrix, times the batch
-    current().compute(flops, dtype=dtype_key(out_dtype), name="matmul", label=label)
+    dims = (a.shape[-2] if a.ndim > 1 else 1, b.shape[-1] if b.ndim > 1 else 1, k)  # one GEMM
+    current().compute(flops, dtype=dtype_key(out_dtype), name="matmul", label=label,
+                      dims=dims)
     return c

@@ -13,7 +13,10 @@ Precision: computed in float32 for bf16/fp16/float32 inputs and float64 for floa
 rounded to the input dtype. Entries of -inf (masked positions) get probability 0; a row
 that is entirely -inf has no softmax and gives NaN, as in PyTorch.
 
-FLOPs: none charged; softmax is not a matmul (see `matmul.py`).
+FLOPs: none; softmax is no matmul (see `matmul.py`). Its time is the bytes it moves
+(memory_bound.py), as the attention's scale-mask-softmax: 2eS forward (read the scores,
+write y), 3eS backward (read y and dy, write dx), S = x.size. `softmax` alone (a router's
+probabilities) charges nothing: it is part of the op that calls it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .matmul import compute_dtype
+from .memory_bound import charge_bytes
 from .saved import Saved
 
 
@@ -40,6 +44,7 @@ def softmax_forward(x: np.ndarray, axis: int = -1) -> tuple[np.ndarray, Saved]:
     x: any shape, e.g. attention scores [b, a, s, s] -> y: same shape and dtype
     """
     y = softmax(x, axis)
+    charge_bytes("softmax", 2 * x.nbytes)  # read the scores, write y: 2eS
     return y, Saved("softmax", y=y, axis=axis)
 
 
@@ -57,4 +62,5 @@ def softmax_backward(dy: np.ndarray, saved: Saved) -> np.ndarray:
     np.subtract(dyf, dot, out=dx)  # dx = y * (dy - sum(dy * y)), in place
     dx *= yf
     saved.release()
+    charge_bytes("softmax.backward", 3 * y.nbytes)  # read y, dy, write dx: 3eS
     return dx.astype(y.dtype, copy=False)

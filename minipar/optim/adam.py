@@ -19,6 +19,11 @@ the gradient, so parameters with large gradients are barely decayed; AdamW shrin
 State per parameter: `step` (int), `m` and `v`, on the ledger as `optim:{name}.m` and
 `optim:{name}.v` (4 + 4 bytes per float32 parameter element: the "8Ψ" of ZeRO's count).
 Defaults follow torch.optim.Adam / AdamW (AdamW's weight_decay defaults to 0.01).
+
+Time: a step is memory-bound (a few FLOPs per byte of state it reads and writes). `step()`
+charges the clock the bytes Megatron-LM's step moves (`adam_step_bytes`: 36 per float32
+parameter) as one "adam" / "adamw" event (nn/memory_bound.py; nothing under the peak
+compute model). SGD is not charged.
 """
 
 from __future__ import annotations
@@ -28,7 +33,27 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from ..nn.parameter import Parameter
+from ..runtime.context import current
 from .optimizer import Optimizer, WeightDecayFilter, state_dtype
+
+
+def adam_step_bytes(elements: int, weight_bytes: int, grad_bytes: int, state_bytes: int,
+                    half_bytes: int = 0) -> int:
+    """Bytes one Adam step moves through HBM for `elements` parameter elements, as
+    Megatron-LM runs it (the planner's bytes per parameter, plan/compute_time.py):
+
+        g              read the gradient for its global norm (clipping)
+        2w + 4s + g    fused Adam: read the weight (or its float32 master), m, v and the
+                       gradient, write the weight, m and v
+        w + half       mixed precision only: the 16-bit weight written from the master
+        g              write the zeroed gradient buffer for the next step
+
+    w, g, s, half: bytes of an element of the weight Adam updates, the gradient, a moment
+    and the 16-bit weight (0: no master). float32: 36; bf16 with bf16 gradients: 36; bf16
+    with float32 gradients: 42."""
+    w, g, s = weight_bytes, grad_bytes, state_bytes
+    copy = w + half_bytes if half_bytes else 0
+    return elements * (g + (2 * w + 4 * s + g) + copy + g)
 
 
 class Adam(Optimizer):
@@ -36,6 +61,7 @@ class Adam(Optimizer):
 
     STATE_KINDS = ("m", "v")
     decoupled = False  # AdamW sets this: decay the weights directly instead of the gradient
+    kernel = "adam"    # the name of its step on the clock (AdamW: "adamw")
 
     def __init__(self, params: Iterable[Parameter], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
@@ -50,6 +76,20 @@ class Adam(Optimizer):
             raise ValueError(f"{type(self).__name__}: eps must be >= 0, got {eps}")
         self.betas = (float(b1), float(b2))
         self.eps = float(eps)
+
+    def step(self) -> None:
+        """Optimizer.step, then its bytes to the clock: adam_step_bytes of every parameter
+        with a gradient."""
+        nbytes = sum(self.step_bytes(p, p.grad.itemsize) for p in self.params
+                     if p.grad is not None)
+        super().step()
+        current().memory_bound(nbytes, self.kernel)
+
+    def step_bytes(self, p: Parameter, grad_bytes: int, half_bytes: int = 0) -> int:
+        """adam_step_bytes of updating p (the weight itself, or a 16-bit one's master) from
+        a gradient of grad_bytes an element; half_bytes: the 16-bit weight's, if any."""
+        return adam_step_bytes(p.data.size, p.data.itemsize, grad_bytes,
+                               state_dtype(p).itemsize, half_bytes)
 
     def _update(self, p: Parameter, state: dict[str, Any]) -> None:
         b1, b2 = self.betas
@@ -94,6 +134,7 @@ class AdamW(Adam):
     decay p ← p − lr·wd·p (Loshchilov & Hutter 2019)."""
 
     decoupled = True
+    kernel = "adamw"
 
     def __init__(self, params: Iterable[Parameter], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,

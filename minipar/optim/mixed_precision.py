@@ -58,6 +58,7 @@ import numpy as np
 
 from ..nn.parameter import Parameter
 from ..runtime.context import current
+from .adam import Adam
 from .clip import clip_coef, scale_grad_, squared_grad_norm
 from .loss_scale import DynamicLossScaler
 from .optimizer import Optimizer
@@ -169,6 +170,7 @@ class MixedPrecisionOptimizer:
                     # inf: 0, nan: nan, applied all the same, as clip_grad_norm_ (and torch)
                     coef = clip_coef(self.last_grad_norm, self.max_grad_norm)
             # pass 2: float32 copy, unscale, clip, update the master, round back, free the copy
+            self._charge(work)
             for p in work:
                 is_half = p.name in self.masters
                 stepped = self._grad32(p, scale) if is_half else p
@@ -181,6 +183,17 @@ class MixedPrecisionOptimizer:
             return True
         finally:
             self._free_master_grads()  # a copy is left only if something raised
+
+    def _charge(self, work: list[Parameter]) -> None:
+        """An Adam step's bytes to the clock (optim/adam.py's adam_step_bytes): each 16-bit
+        parameter through its float32 master, with its 16-bit gradient and weight."""
+        if not isinstance(self.inner, Adam):
+            return
+        nbytes = sum(self.inner.step_bytes(self.masters[p.name], p.grad.itemsize,
+                                           p.data.itemsize)
+                     if p.name in self.masters else self.inner.step_bytes(p, p.grad.itemsize)
+                     for p in work)
+        current().memory_bound(nbytes, self.inner.kernel)
 
     def _grad32(self, p: Parameter, scale: float) -> Parameter:
         """Put float32(p.grad) / S on p's master as its gradient, charged to the ledger as

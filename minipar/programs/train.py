@@ -21,10 +21,14 @@
 - Accounting: everything runs on a fresh simulated H100 (`minipar.device()`), so the
   ledger holds every byte and the clock every matmul FLOP. The simulated step time is
   what the clock advanced during one step; simulated MFU = model FLOPs / (step time ×
-  peak). Only matmuls are charged to the clock, and every matmul of this model is a
-  model FLOP, so on one device MFU is 100 % by construction: it drops below only when
-  there is something else on the clock (communication, pipeline bubbles, recomputation),
-  which is what the parallel layouts add.
+  peak). Every matmul of this model is a model FLOP. Under cfg.compute_model "calibrated"
+  (the default) each GEMM runs at the planner's efficiency of its shape, well below peak
+  for this small model's, and the elementwise work (LayerNorm, GeLU, softmax, dropout and
+  the residual adds, the embedding, the loss, AdamW) takes the bytes it moves over the
+  H100's HBM, so MFU is what such a step would reach; under "peak" only matmuls are
+  charged, at peak, and on one device MFU is 100 % by construction: it drops below only
+  when there is something else on the clock (communication, pipeline bubbles,
+  recomputation), which is what the parallel layouts add.
 
 - Checks (train_checks.py): before allocating, the run's memory by the course's formulas
   against the device's capacity and this machine's available memory (`TrainingRefused`
@@ -94,7 +98,7 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
     mixed = cfg.dtype in MIXED
     losses, lrs, norms, skipped = [], [], [], []
 
-    with device() as ctx:
+    with device(compute_model=cfg.compute_model) as ctx:
         # refuse before allocating what neither the device nor this machine can hold
         memory = check_memory(cfg, mcfg, ctx.device.name, ctx.ledger.capacity,
                               host_available_bytes())
@@ -172,6 +176,8 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
         label = peak_label(dict(ctx.device.peak_flops), cfg.dtype)
         final_scale = float(getattr(opt, "loss_scale", 1.0))
         device_name = ctx.device.name
+        compute = ctx.compute_model.describe()
+        elementwise = sum(e.duration for e in steps.events if "bytes" in e.meta)
 
     return TrainResult(
         config=cfg, losses=losses, lrs=lrs, grad_norms=norms, skipped=skipped,
@@ -183,7 +189,7 @@ def train(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None]] = None
         device_name=device_name, num_parameters=model.num_parameters(),
         params_summary=_params_summary(model), memory_estimate=memory, model=model,
         tokenizer=tok, rank_peaks=[ledger_peak], time_split=[split],
-        topology=f"one {device_name}")
+        topology=f"one {device_name}", compute=compute, elementwise_time=elementwise)
 
 
 # ---- sampling ---------------------------------------------------------------------------

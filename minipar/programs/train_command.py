@@ -84,7 +84,8 @@ def _config(args: argparse.Namespace, warmup: int) -> TrainConfig:
                        top_k=args.top_k, ep=args.ep, capacity_factor=args.capacity_factor,
                        moe_every=args.moe_every, aux_loss_coeff=args.aux_loss_coeff,
                        global_aux_loss=args.global_aux_loss,
-                       z_loss_coeff=args.z_loss_coeff, bias_update_rate=args.bias_update_rate)
+                       z_loss_coeff=args.z_loss_coeff, bias_update_rate=args.bias_update_rate,
+                       compute_model=args.compute_model)
 
 
 def warn_placement(cfg: TrainConfig) -> None:

@@ -32,6 +32,7 @@ from .train_checks import check_can_learn
 
 TRAIN_DTYPES = ("float32", "bfloat16", "float16", "float64")
 MIXED = ("bfloat16", "float16")
+COMPUTE_MODELS = ("calibrated", "peak")  # runtime/compute_model.py; the first is the default
 NO_DECAY = ("*.bias", "*ln*")  # biases and LayerNorm gains/shifts are not decayed (GPT-2/3)
 
 
@@ -80,6 +81,10 @@ class TrainConfig:
     (`aux_loss_coeff`, over every dp rank's tokens with `global_aux_loss`), the z-loss and
     the aux-loss-free bias (`bias_update_rate`); the
     experts spread over `ep` data-parallel ranks (nn/moe, parallel/ep; DDP, no SP).
+    Clock: `compute_model` "calibrated" charges each GEMM at the planner's efficiency of its
+    shape and elementwise work by the bytes it moves over the device's HBM; "peak" charges
+    every matmul at peak and nothing else, so one device's MFU is 100 % by construction
+    (runtime/compute_model.py).
     """
 
     steps: int = 200
@@ -120,6 +125,7 @@ class TrainConfig:
     global_aux_loss: bool = False
     z_loss_coeff: float = 0.0
     bias_update_rate: float = 0.0
+    compute_model: str = "calibrated"
 
     def __post_init__(self):
         if self.chunks is None:  # the schedule's own: 1, or 2 in a V
@@ -155,6 +161,9 @@ class TrainConfig:
         if self.dtype not in TRAIN_DTYPES:
             raise ValueError(f"TrainConfig.dtype must be one of {TRAIN_DTYPES}, "
                              f"got {self.dtype!r}")
+        if self.compute_model not in COMPUTE_MODELS:
+            raise ValueError(f"TrainConfig.compute_model must be one of {COMPUTE_MODELS}, "
+                             f"got {self.compute_model!r}")
         self.model_config(vocab_size=1)  # the model's own checks (heads divide hidden, ...)
         check_can_learn(self.hidden, self.steps, self.warmup_steps)
         if self.pipelined:
@@ -343,6 +352,8 @@ class TrainResult:
     time_split: list = field(default_factory=list)   # per rank: the last step's split
     #                                      (train_timing.split_step: compute, link classes, idle)
     topology: str = ""                   # Topology.describe() of the run
+    compute: str = ""                    # ComputeModel.describe() of the clock's model
+    elementwise_time: float = 0.0        # one device: the last step's memory-bound seconds
 
     @property
     def skipped_steps(self) -> int:
@@ -356,7 +367,7 @@ class TrainResult:
     @property
     def mfu(self) -> float:
         """Model FLOPs / (simulated step time × peak × devices): 1.0 on one device by
-        construction."""
+        construction under the peak compute model, less under the calibrated one."""
         return self.model_flops_per_step / (self.sim_step_time * self.peak_flops
                                             * self.world_size)
 

@@ -21,17 +21,17 @@ forwards and backwards in the schedule's order. The gradients are those of the g
 batch's mean loss, so in float64 every layout's losses are one device's up to rounding (the
 sums run in another order; tests/programs compare at rtol 1e-12).
 
-Accounting: every rank is a simulated H100 with its own clock and ledger. A step's
-simulated time T is the longest any rank's clock advanced; MFU = model FLOPs / (T x peak x
-world). The last step's T is split on each rank into compute, communication exposed on each
-link class and idle time (train_timing.py); under a pipeline the schedule's own bubble
-with equal stages and free messages is reported too, read from its dry run: (p - 1)/(m +
-p - 1) of a step for GPipe and 1F1B, (p - 1)/(v·m + p - 1) interleaved, less under the
-zero-bubble schedules (ZB-H1, ZB-H2, ZBV, DualPipeV), with `bubble_over_ideal`, the same
-idle over the busy time (the papers' bubble fraction). Memory peaks are kept per rank, by
-the ledger's categories, over the training steps: after the build (which initialises each
-weight at its full shape, then keeps the rank's part) and before the end's gathering of
-the weights.
+Accounting: every rank is a simulated H100 with its own clock and ledger, charged by
+cfg.compute_model as on one device (train.py). A step's simulated time T is the longest any
+rank's clock advanced; MFU = model FLOPs / (T x peak x world). The last step's T is split
+on each rank into compute, communication exposed on each link class and idle time
+(train_timing.py); under a pipeline the schedule's own bubble with equal stages and free
+messages is reported too, read from its dry run: (p - 1)/(m + p - 1) of a step for GPipe
+and 1F1B, (p - 1)/(v·m + p - 1) interleaved, less under the zero-bubble schedules (ZB-H1,
+ZB-H2, ZBV, DualPipeV), with `bubble_over_ideal`, the same idle over the busy time (the
+papers' bubble fraction). Memory peaks are kept per rank, by the ledger's categories, over
+the training steps: after the build (which initialises each weight at its full shape, then
+keeps the rank's part) and before the end's gathering of the weights.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from ..optim import WarmupCosine, no_decay_for
 from ..parallel import ParallelDims, parallelize
 from ..parallel.pp import dry_run, lower, schedule
 from ..runtime.collectives import all_reduce
-from ..runtime.context import device
+from ..runtime.context import device, resolve_compute_model
 from ..runtime.faults import inject, step_begins
 from ..runtime.launch import RankFailedError, launch
 from ..runtime.ledger import CATEGORIES
@@ -96,6 +96,7 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
         memory = check_memory(cfg, mcfg, ctx.device.name, ctx.ledger.capacity,
                               host_available_bytes())
         device_name, peak_flops = ctx.device.name, dict(ctx.device.peak_flops)
+    compute = resolve_compute_model(cfg.compute_model, topo.device).describe()
     piped = dict(schedule=cfg.schedule, microbatches=cfg.num_microbatches,
                  chunks=cfg.chunks) if cfg.pipelined else {}
     if cfg.cp > 1:
@@ -156,7 +157,8 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
 
     try:
         faults = recovery.faults if recovery is not None else ()
-        res = launch(inject(program, *faults), cfg.world_size, topology=topo)
+        res = launch(inject(program, *faults), cfg.world_size, topology=topo,
+                     compute_model=cfg.compute_model)
     except RankFailedError as e:  # a diverging run stops every rank alike: say why
         if isinstance(e.original, TrainingDiverged):
             raise e.original from None
@@ -183,7 +185,7 @@ def train_parallel(cfg: TrainConfig, on_step: Optional[Callable[[StepInfo], None
         device_name=device_name, num_parameters=model.num_parameters(),
         params_summary=_params_summary(model), memory_estimate=memory, model=model,
         tokenizer=tok, world_size=cfg.world_size, bubble=bubble[0], bubble_over_ideal=bubble[1],
-        rank_peaks=rank_peaks, time_split=split, topology=topo.describe())
+        rank_peaks=rank_peaks, time_split=split, topology=topo.describe(), compute=compute)
 
 
 def _assemble(mcfg, pieces: list[dict[str, np.ndarray]],

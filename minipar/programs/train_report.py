@@ -107,18 +107,26 @@ def summary(cfg, r) -> list[str]:
     if cfg.dtype == "float16":
         lines.append(f"  skipped steps   {r.skipped_steps} of {cfg.steps} (float16 gradients "
                      f"overflowed); loss scale now {r.final_loss_scale:g}")
-    bound = (f"the bubble alone bounds it at {100 * (1 - r.bubble):.1f} %; messages (each "
-             f"send's and collective's latency: the stages' activations and gradients, the "
-             f"norm's all-reduce, the loss's broadcast) and unequal stages take the rest"
-             if cfg.pipelined else "the exposed communication and the idle time below take "
-             "the rest")
+    peak_model = cfg.compute_model == "peak"
+    kernels = "" if peak_model else "the GEMMs' efficiency, the elementwise work, "
+    bound = (f"the bubble alone bounds it at {100 * (1 - r.bubble):.1f} %; {kernels}messages "
+             f"(each send's and collective's latency: the stages' activations and gradients, "
+             f"the norm's all-reduce, the loss's broadcast) and unequal stages take the rest"
+             if cfg.pipelined else f"{kernels}the exposed communication and the idle time "
+             f"below take the rest")
+    one = (": on one device by construction (every matmul at peak, nothing else on the "
+           "clock)" if peak_model else ": the GEMMs run at their efficiency, and the "
+           "elementwise work takes the time its bytes need")
     lines += [
+        f"  compute model   {cfg.compute_model}: {r.compute}"
+        + ("" if peak_model else " (--compute-model peak: every matmul at peak)"),
         f"  simulated time  {r.sim_step_time * 1e6:.3f} us a step on the device clock"
-        + ("" if devices == 1 else " (the slowest rank's)"),
+        + (" (the slowest rank's)" if devices > 1 else "" if peak_model else
+           f": matmuls {(r.sim_step_times[-1] - r.elementwise_time) * 1e6:.3f} us, "
+           f"elementwise work {r.elementwise_time * 1e6:.3f} us"),
         f"  model FLOPs     {flops}",
         f"  simulated MFU   {100 * r.mfu:.{1 if r.mfu >= 0.01 else 3}f} % of {r.peak_label}" + (
-            ": on one device by construction (only matmuls are charged to the clock)"
-            if devices == 1 else f" on each of {devices} devices: {bound}"),
+            one if devices == 1 else f" on each of {devices} devices: {bound}"),
         f"  memory peak     {memory}; total {fmt_bytes(r.ledger_peak['total'])}"
         + ("" if devices == 1 else " (the busiest rank's)"),
         f"  wall time       {r.wall_time:.1f} s "

@@ -6,6 +6,7 @@ The runtime knows nothing of models. See docs/runtime.md for the execution model
 from .collectives import (ReduceOp, all_gather, all_reduce, all_to_all, all_to_all_single,
                           barrier, broadcast, gather, get_rank, get_world_size, new_group,
                           reduce, reduce_scatter, scatter)
+from .compute_model import ComputeModel, GemmEfficiency
 from .context import Context, current, device
 from .device import DeviceSpec
 from .errors import (CollectiveMismatchError, CollectiveTimeoutError, CollectiveUsageError,
@@ -23,7 +24,8 @@ from .work import Work
 __all__ = [
     "ReduceOp", "Work", "all_gather", "all_reduce", "all_to_all", "all_to_all_single",
     "barrier", "broadcast", "gather", "get_rank", "get_world_size", "irecv", "isend",
-    "new_group", "recv", "reduce", "reduce_scatter", "scatter", "send", "Context", "current",
+    "new_group", "recv", "reduce", "reduce_scatter", "scatter", "send", "ComputeModel",
+    "GemmEfficiency", "Context", "current",
     "device", "DeviceSpec", "CollectiveMismatchError", "CollectiveTimeoutError",
     "CollectiveUsageError", "DeadlockError", "MiniparError", "RankFailedError",
     "RankThreadError", "SimulatedOutOfMemoryError",

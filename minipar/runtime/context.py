@@ -4,6 +4,12 @@ Every simulated device runs in its own thread with one `Context`; `current()` re
 calling thread's. Outside `launch`, a thread gets a default single device (rank 0 of a
 world of one, an H100), so single-device code runs and is charged the same way.
 
+What work costs on the clock is the context's `compute_model` (compute_model.py):
+
+    compute(flops, dtype, dims=(M, N, K))   t = flops / (eff(M, N, K) · peak(dtype))
+    memory_bound(nbytes, name)              t = nbytes / W  (nothing at all when the model
+                                            has no bandwidth W: the default, peak model)
+
 A thread that a rank starts does not inherit the rank's context (thread-local state never
 crosses threads). Communication from such a thread is refused (`rank_context`): the
 rendezvous matches calls by rank and call order, and a default world of one would hand the
@@ -18,6 +24,7 @@ from typing import Iterator, Optional
 
 from .backends.sim import SimWorld
 from .clock import Clock
+from .compute_model import PEAK, ComputeModel
 from .device import DeviceSpec
 from .errors import RankThreadError
 from .group import ProcessGroup
@@ -30,7 +37,7 @@ class Context:
     """One device's view of the run: rank, world, device spec, ledger, clock and trace."""
 
     def __init__(self, rank: int, world_size: int, topology: Topology, backend,
-                 algorithm: str = "auto"):
+                 algorithm: str = "auto", compute_model=None):
         self.rank = rank
         self.world_size = world_size
         self.topology = topology
@@ -44,6 +51,8 @@ class Context:
         self.pending: dict = {}  # group key -> last collective issued, timing not yet known
         self.cost_cache: dict = {}  # memoised cost-model answers (see collectives._cost)
         self.faults = None  # this rank's planned faults (runtime/faults.py's inject), if any
+        # what a matmul and elementwise work cost (compute_model.py); default: peak, free
+        self.compute_model: ComputeModel = resolve_compute_model(compute_model, self.device)
 
     @property
     def node(self) -> int:
@@ -56,11 +65,25 @@ class Context:
             work._resolve()
 
     def compute(self, flops: float, dtype="float32", name: str = "compute",
-                label: str = "") -> Event:
-        """Charge `flops` of work: the compute stream advances by flops / peak(dtype)."""
-        start, end = self.clock.advance_compute(flops / self.device.peak(dtype))
+                label: str = "", dims: Optional[tuple] = None) -> Event:
+        """Charge `flops` of work: the compute stream advances by flops / (eff · peak(dtype)),
+        eff the compute model's efficiency of a GEMM of dims (M, N, K) (1 under the peak
+        model; e_max when dims is None)."""
+        seconds = self.compute_model.matmul_seconds(flops, dims, self.device.peak(dtype))
+        start, end = self.clock.advance_compute(seconds)
         return self.trace.record(Event(self.rank, "compute", name, start, end,
                                        flops=flops, label=label))
+
+    def memory_bound(self, nbytes: float, name: str = "elementwise",
+                     label: str = "") -> Optional[Event]:
+        """Charge elementwise work that moves `nbytes` through HBM: the compute stream
+        advances by nbytes / W, a "compute" event with meta {"bytes": nbytes}. Under a
+        model without a bandwidth (the peak model) nothing is charged or recorded: None."""
+        if self.compute_model.memory_bandwidth is None:
+            return None
+        start, end = self.clock.advance_compute(self.compute_model.elementwise_seconds(nbytes))
+        return self.trace.record(Event(self.rank, "compute", name, start, end, label=label,
+                                       meta={"bytes": nbytes}))
 
     def __repr__(self) -> str:
         return (f"Context(rank={self.rank}, world_size={self.world_size}, "
@@ -122,17 +145,37 @@ def rank_context(kind: str) -> Context:
     raise error
 
 
-def single_device(device: Optional[DeviceSpec] = None) -> Context:
+def resolve_compute_model(model, device: DeviceSpec) -> ComputeModel:
+    """The ComputeModel `model` names on `device`: a ComputeModel as it is, None or "peak"
+    the peak model, "calibrated" ComputeModel.calibrated(device); a clear error otherwise."""
+    if isinstance(model, str):
+        if model not in ("peak", "calibrated"):
+            raise ValueError(f"unknown compute_model {model!r}: expected 'peak' (every matmul "
+                             f"at peak, elementwise free), 'calibrated' (the planner's GEMM "
+                             f"efficiency and HBM bandwidth) or a ComputeModel")
+        return PEAK if model == "peak" else ComputeModel.calibrated(device)
+    if model is None:
+        return PEAK
+    if not isinstance(model, ComputeModel):
+        raise TypeError(f"compute_model must be a minipar ComputeModel (ComputeModel.peak(), "
+                        f"ComputeModel.calibrated(device)), 'peak', 'calibrated' or None "
+                        f"(peak), got {type(model).__name__} {model!r}")
+    return model
+
+
+def single_device(device: Optional[DeviceSpec] = None, compute_model=None) -> Context:
     """A fresh context for one device that is the whole world."""
     topo = Topology.nodes(1, 1, device or DeviceSpec.h100_sxm())
-    return Context(0, 1, topo, SimWorld(1))
+    return Context(0, 1, topo, SimWorld(1), compute_model=compute_model)
 
 
 @contextlib.contextmanager
-def device(spec: Optional[DeviceSpec] = None) -> Iterator[Context]:
-    """Run a block on a fresh single device: `with minipar.device() as ctx: ...`."""
+def device(spec: Optional[DeviceSpec] = None, compute_model=None) -> Iterator[Context]:
+    """Run a block on a fresh single device: `with minipar.device() as ctx: ...`;
+    compute_model: what its clock charges, a ComputeModel or "peak" | "calibrated" (None:
+    "peak", every matmul at peak and elementwise work free; see compute_model.py)."""
     previous = getattr(_local, "ctx", None)
-    ctx = single_device(spec)
+    ctx = single_device(spec, compute_model)
     _local.ctx = ctx
     try:
         yield ctx

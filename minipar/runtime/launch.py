@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 from .backends.sim import SENDS, SimWorld
 from .blas import limit_blas_threads, threads_per_rank
 from .cost import ALGORITHMS
-from .context import Context, set_current
+from .context import Context, resolve_compute_model, set_current
 from .errors import DeadlockError, MiniparError, RankFailedError, WorldAborted
 from .futex_hash import enough_futex_slots
 from .heap import fewer_full_collections, longer_switch_interval
@@ -49,7 +49,7 @@ class UnreceivedMessageWarning(UserWarning):
 
 def launch(fn: Callable[[Context], Any], world_size: int, topology: Optional[Topology] = None,
            backend: str = "sim", algorithm: str = "auto", sends: str = "rendezvous",
-           timeout: Optional[float] = None) -> LaunchResult:
+           timeout: Optional[float] = None, compute_model=None) -> LaunchResult:
     """Run `fn(ctx)` on `world_size` ranks and return their results in rank order.
 
     topology:  where the ranks sit (default: one node of `world_size` H100s on NVLink)
@@ -66,6 +66,10 @@ def launch(fn: Callable[[Context], Any], world_size: int, topology: Optional[Top
                run ends with a CollectiveTimeoutError naming the ranks that never arrived
                and where the others wait (NCCL's watchdog). None (default): no watchdog;
                deadlocks inside minipar are diagnosed at once either way.
+    compute_model: what every rank's clock charges for work (runtime/compute_model.py): a
+               ComputeModel, "calibrated" (the planner's GEMM efficiency, elementwise work
+               over the device's HBM bandwidth) or "peak"; None (default): "peak", every
+               matmul at the device's peak and elementwise work free
     """
     if not callable(fn):
         raise TypeError(f"launch(fn, world_size) needs a function of the rank's context, "
@@ -89,6 +93,7 @@ def launch(fn: Callable[[Context], Any], world_size: int, topology: Optional[Top
         raise ValueError(
             f"the topology has {topology.num_nodes} node(s) x {topology.gpus_per_node} = "
             f"{topology.world_size} devices but world_size={world_size}; make them agree")
+    compute_model = resolve_compute_model(compute_model, topology.device)
     if backend == "mpi":
         if timeout is not None:
             raise ValueError("launch(..., timeout=) is the simulated backend's watchdog; under "
@@ -96,12 +101,13 @@ def launch(fn: Callable[[Context], Any], world_size: int, topology: Optional[Top
                              "mpiexec ...), or drop timeout=")
         from .backends.mpi import launch_mpi  # needs mpi4py, an optional dependency
 
-        return launch_mpi(fn, world_size, topology, algorithm, sends)
+        return launch_mpi(fn, world_size, topology, algorithm, sends, compute_model)
     if backend != "sim":
         raise ValueError(f"unknown backend {backend!r}: expected 'sim' or 'mpi'")
 
     world = SimWorld(world_size, sends)
-    contexts = [Context(r, world_size, topology, world, algorithm) for r in range(world_size)]
+    contexts = [Context(r, world_size, topology, world, algorithm, compute_model)
+                for r in range(world_size)]
     results: list[Any] = [None] * world_size
     failures: dict[int, tuple[BaseException, str]] = {}
 

@@ -23,9 +23,12 @@ TINY_FLAGS = ["--steps", "10", "--batch", "8", "--seq-len", "16", "--layers", "1
 
 @pytest.fixture(scope="module")
 def runs():
-    """Each dtype trained twice from the same seed (shared by the tests below)."""
-    return {dt: (train(TrainConfig(**TINY, dtype=dt)), train(TrainConfig(**TINY, dtype=dt)))
-            for dt in ("float64", "bfloat16")}
+    """Each dtype trained twice from the same seed (shared by the tests below), on the
+    calibrated clock (the default); "peak": bfloat16 once more, every matmul at peak."""
+    out = {dt: (train(TrainConfig(**TINY, dtype=dt)), train(TrainConfig(**TINY, dtype=dt)))
+           for dt in ("float64", "bfloat16")}
+    out["peak"] = train(TrainConfig(**TINY, dtype="bfloat16", compute_model="peak"))
+    return out
 
 
 # ---- the loop ------------------------------------------------------------------------------
@@ -56,7 +59,8 @@ def test_the_schedule_warms_up_then_decays(runs):
 
 
 def test_flops_time_and_mfu_are_accounted(runs):
-    r = runs["bfloat16"][0]
+    """The peak compute model: every matmul at peak and nothing else on the clock."""
+    r = runs["peak"]
     c = TINY
     expected = model_flops(c["global_batch"], c["seq_len"], c["num_layers"], c["hidden"],
                            r.model.cfg.vocab_size)
@@ -64,6 +68,41 @@ def test_flops_time_and_mfu_are_accounted(runs):
     assert r.clock_flops_per_step == pytest.approx(expected, rel=1e-12)  # matmuls only
     assert r.sim_step_time == pytest.approx(expected / 989e12, rel=1e-9)  # H100 bf16 peak
     assert r.mfu == pytest.approx(1.0, rel=1e-9)      # 100 % on one device, by construction
+    assert r.losses == runs["bfloat16"][0].losses     # the clock never changes the numbers
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+def test_the_calibrated_clock_is_the_planners_compute_time_of_the_step(runs, dtype):
+    """The default, calibrated clock: each GEMM at the planner's efficiency of its shape,
+    elementwise work over the H100's HBM. A step on one device is the planner's compute
+    time of every layer's forward and backward, the embedding, the head and the loss
+    (plan/compute_time.py), plus AdamW's bytes per parameter over the bandwidth: to
+    rounding. MFU is then well below 100 %, and still model FLOPs / (time x peak)."""
+    from minipar.plan.compute_time import (Shape, embedding_work, head_work, layer_work,
+                                           optimizer_bytes_per_parameter)
+    from minipar.runtime.compute_model import CALIBRATED_GEMM
+    r, c = runs[dtype][0], TINY
+    m = r.model.cfg
+    e = np.dtype(m.np_dtype).itemsize
+    sh = Shape(b=c["global_batch"], s=c["seq_len"], s_c=c["seq_len"], h=m.hidden,
+               a=m.num_heads, a_kv=m.num_heads, d=m.hidden // m.num_heads, f=m.ffn,
+               V=m.vocab_size, t=1, e=e, split=1, dropout=False, swiglu=False, rotary=False)
+    W, peak = 3350e9, r.peak_flops
+    layer = layer_work(sh, CALIBRATED_GEMM, peak, W)
+    head = head_work(sh, CALIBRATED_GEMM, peak, W)
+    emb = embedding_work(sh, W)
+    # AdamW's bytes: the planner's for bf16 (16-bit gradients) and float32; float64 is
+    # float32's count at 8 bytes an element
+    per_param = (optimizer_bytes_per_parameter("bf16", fp32_grads=False)
+                 if dtype == "bfloat16" else 2 * optimizer_bytes_per_parameter("fp32", True))
+    step = (m.num_layers * (layer.forward + layer.backward) + head.forward + head.backward
+            + emb.forward + emb.backward + r.num_parameters * per_param / W)
+    if dtype == "float64":  # the loss's softmax in float64: 8 bytes, the planner's 4 + 4
+        step += 2 * 4 * sh.T * sh.V / W
+    assert r.sim_step_time == pytest.approx(step, rel=1e-12)
+    assert r.mfu == pytest.approx(r.model_flops_per_step / (r.sim_step_time * peak), rel=1e-12)
+    assert r.mfu < 0.05  # these GEMMs are tiny (K = 32: g = 0.2) and the bytes many
+    assert r.clock_flops_per_step == pytest.approx(r.model_flops_per_step, rel=1e-12)
 
 
 def test_ledger_peaks_follow_the_byte_counts(runs):
@@ -140,11 +179,13 @@ def test_generate(runs):
 
 # ---- the command ---------------------------------------------------------------------------
 def test_train_command_prints_the_summary(capsys):
-    assert main(["train", *TINY_FLAGS, "--sample", "30"]) == 0
+    assert main(["train", *TINY_FLAGS, "--sample", "30", "--compute-model", "peak"]) == 0
     cap = capsys.readouterr()
     out = cap.out
     for what in ("parameters in float32", "simulated time", "model FLOPs",
-                 "simulated MFU   100.0 %", "memory peak", "optimizer_states", "wall time",
+                 "compute model   peak: every matmul at peak, elementwise free",
+                 "simulated MFU   100.0 %", "by construction", "memory peak",
+                 "optimizer_states", "wall time",
                  "sample (greedy, 30 characters after 'The ')"):
         assert what in out, what
     m = re.search(r"loss +([\d.]+) \(mean of the first 5 steps\) -> ([\d.]+) "
@@ -154,6 +195,23 @@ def test_train_command_prints_the_summary(capsys):
     lines = cap.err.strip().splitlines()
     assert lines[0].startswith("step  1/10") and lines[-1].startswith("step 10/10")
     assert "\r" not in cap.err and "tok/s" in lines[-1]
+
+
+def test_train_command_says_its_compute_model_and_mfu_is_not_100_percent(capsys):
+    """The default clock is the calibrated one: the summary says so, and one device's MFU
+    is model FLOPs / (step time x peak), below 100 %."""
+    assert main(["train", *TINY_FLAGS, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert ("compute model   calibrated: GEMM efficiency e_max 0.743 · g(M)g(N)g(K), "
+            "g(x) = x/(x + 128), elementwise over 3.35 TB/s HBM") in out
+    step = re.search(r"simulated time +([\d.]+) us a step on the device clock: matmuls "
+                     r"([\d.]+) us, elementwise work ([\d.]+) us", out)
+    time_us, matmuls, elementwise = (float(step.group(i)) for i in (1, 2, 3))
+    assert elementwise > 0 and matmuls + elementwise == pytest.approx(time_us, abs=2e-3)
+    flops = float(re.search(r"model FLOPs +([\d,]+) a step", out).group(1).replace(",", ""))
+    mfu = float(re.search(r"simulated MFU +([\d.]+) %", out).group(1))
+    assert 0 < mfu < 100 and "by construction" not in out
+    assert mfu == pytest.approx(100 * flops / (time_us * 1e-6 * 494e12), rel=2e-3)  # printed
 
 
 def test_train_command_quiet_and_mixed_precision(capsys):

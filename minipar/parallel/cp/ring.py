@@ -29,6 +29,10 @@ under bf16 (costs.py counts them so). The result is rounded once to the input dt
 
 Attention dropout is refused (p must be 0): each block would need its slice of the
 one-device mask, which is not implemented here; Ulysses (ulysses.py) supports it.
+
+Elementwise bytes (nn/memory_bound.py): as flash attention, the s² scores never reach HBM,
+so no softmax is charged (the planner's flash_attention); the per-head layouts of q, k, v
+and the context are, 2eQ each way ("attention_layout", as nn's core).
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ from typing import Iterator
 
 import numpy as np
 
+from ...nn.attention import layout_bytes
 from ...nn.matmul import compute_dtype
+from ...nn.memory_bound import charge_bytes
 from ...nn.saved import Saved
 from ...runtime.context import current
 from ...runtime.group import ProcessGroup
@@ -114,6 +120,7 @@ def ring_attention_forward(qkv: np.ndarray, num_heads: int, group: ProcessGroup,
             out[:, :, st.rows], lse[:, :, st.rows] = merge(out[:, :, st.rows],
                                                            lse[:, :, st.rows], out_b, lse_b)
     context = merge_heads(out.astype(q.dtype))  # context: [s/cp, b, h]
+    charge_bytes("attention_layout", layout_bytes(np.asarray(qkv), context))
     return context, Saved("cp.ring", qkv=qkv, context=context, lse=lse, heads=num_heads,
                           group=group, layout=layout)
 
@@ -163,7 +170,9 @@ def ring_attention_backward(dcontext: np.ndarray, saved: Saved) -> np.ndarray:
         dkv = coming.wait()  # this rank's own block's dK/dV, every rank's share in it
         sent.wait()
     saved.release()
-    return join_qkv(dq, dkv[0], dkv[1], q.dtype)  # dqkv: [s/cp, b, 3h]
+    dqkv = join_qkv(dq, dkv[0], dkv[1], q.dtype)  # dqkv: [s/cp, b, 3h]
+    charge_bytes("attention_layout.backward", layout_bytes(dqkv, np.asarray(dcontext)))
+    return dqkv
 
 
 def _heads_of(x: np.ndarray, num_heads: int) -> np.ndarray:

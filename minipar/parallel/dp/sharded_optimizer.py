@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ...nn.parameter import Parameter
-from ...optim.adam import Adam
+from ...optim.adam import Adam, adam_step_bytes
 from ...optim.clip import scale_grad_
 from ...optim.mixed_precision import HALF_DTYPES
 from ...runtime.context import current
@@ -176,7 +176,21 @@ class ShardedOptimizer:
             if master is not None:
                 for _, lo, hi in piece.segments:
                     piece.data[lo:hi] = master[lo:hi].astype(piece.data.dtype)  # round16(master)
+        if self.inner is not None:  # the step's bytes, as optim/adam.py counts them
+            current().memory_bound(self.step_bytes(grads), self.inner.kernel)
         self.steps_taken += 1
+
+    def step_bytes(self, grads: Sequence[np.ndarray]) -> int:
+        """adam_step_bytes of the owned elements (padding is never stepped): the weights or
+        their float32 masters, the reduced gradient pieces, the moments, the 16-bit weights."""
+        total = 0
+        for piece, g_piece, master, mom in zip(self.pieces, grads, self.masters, self.moments):
+            stepped = master if master is not None else piece.data
+            elements = sum(hi - lo for _, lo, hi in piece.segments)
+            total += adam_step_bytes(elements, stepped.itemsize, g_piece.itemsize,
+                                     mom["m"].itemsize,
+                                     piece.data.itemsize if master is not None else 0)
+        return total
 
     # ---- state, for checkpoints -------------------------------------------------------------
     @property

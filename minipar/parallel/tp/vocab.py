@@ -20,7 +20,8 @@ produces only those vocabulary entries' logits, [s, b, V/t]:
 Only [s, b] numbers cross the network, three times, instead of the [s, b, V] logits: no
 rank ever holds the full-vocabulary logits. As in nn.cross_entropy, the forward saves the
 logits shard, the log-sum-exp and the targets, and the backward rebuilds the softmax from
-them (Megatron saves the softmax itself; both are [s, b, V/t]).
+them (Megatron saves the softmax itself; both are [s, b, V/t]). Its elementwise bytes are
+nn.cross_entropy's on the rank's shard (cross_entropy_bytes of [s, b, V/t]).
 
 The vocabulary must divide by t. Megatron pads it instead, to a multiple of
 `make_vocab_size_divisible_by` × t (128 × t by default), which adds never-used rows and
@@ -32,8 +33,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...nn.cross_entropy import cross_entropy_bytes
 from ...nn.embedding import embedding_backward
 from ...nn.matmul import compute_dtype
+from ...nn.memory_bound import charge_bytes
 from ...nn.module import Module
 from ...nn.parameter import Parameter, init_normal
 from ...nn.saved import Saved
@@ -122,6 +125,7 @@ def vocab_parallel_cross_entropy(logits: np.ndarray, targets: np.ndarray,
     count = int(valid.sum())
     total = np.where(valid, lse - z_t, 0).sum(dtype=ct)
     loss = ct.type(total / count) if count else ct.type(0.0)
+    charge_bytes("cross_entropy", cross_entropy_bytes(logits))  # this rank's [s, b, V/t]
     return loss, Saved("vocab_parallel_cross_entropy", logits=logits, lse=lse, local=local,
                        mine=mine, valid=valid, count=count)
 
@@ -138,6 +142,7 @@ def vocab_parallel_cross_entropy_backward(dloss, saved: Saved) -> np.ndarray:
     scale = ct.type(float(dloss) / saved.count) if saved.count else ct.type(0.0)
     grad *= saved.valid[..., None] * scale
     saved.release()
+    charge_bytes("cross_entropy.backward", cross_entropy_bytes(logits))
     return grad.astype(logits.dtype, copy=False)
 
 

@@ -259,8 +259,10 @@ class MpiBackend:
 
 
 def launch_mpi(fn: Callable[[Context], Any], world_size: int, topology: Topology,
-               algorithm: str = "auto", sends: str = "rendezvous") -> LaunchResult:
-    """Run `fn(ctx)` once, as this process's rank of the MPI job; returns [its result]."""
+               algorithm: str = "auto", sends: str = "rendezvous",
+               compute_model=None) -> LaunchResult:
+    """Run `fn(ctx)` once, as this process's rank of the MPI job; returns [its result].
+    compute_model: what its clock charges (a ComputeModel; None: peak)."""
     world = MPI.COMM_WORLD
     if world.Get_size() != world_size:
         raise ValueError(
@@ -268,7 +270,7 @@ def launch_mpi(fn: Callable[[Context], Any], world_size: int, topology: Topology
             f"of {world.Get_size()} process(es); start it with: "
             f"mpiexec -n {world_size} python <your program>")
     backend = MpiBackend(world, sends)
-    ctx = Context(world.Get_rank(), world_size, topology, backend, algorithm)
+    ctx = Context(world.Get_rank(), world_size, topology, backend, algorithm, compute_model)
     set_current(ctx)
     try:
         result = fn(ctx)
