@@ -39,19 +39,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
-# the kinds of op: a GEMM on the compute stream, or a collective on a group's comm stream
-MATMUL = "matmul"
+# the kinds of op: a GEMM or memory-bound work on the compute stream, or a collective on
+# a group's comm stream
+MATMUL, BYTES, COMM = "matmul", "bytes", "comm"
 
 
 class Op(NamedTuple):
     """One kernel: a GEMM (name "matmul", label as the trace's, count GEMMs of (M, N, K)),
-    or a collective (name its kind, label its group: "tp", of S = nbytes)."""
+    memory-bound work (name as nn/memory_bound.py charges it, nbytes moved through HBM), or
+    a collective (name its kind, label its group: "tp", of S = nbytes)."""
 
+    kind: str
     name: str
-    label: str
+    label: str = ""
     dims: tuple = ()      # (M, N, K) of one GEMM
     count: int = 1        # GEMMs of those dims (a batched matmul)
-    nbytes: float = 0.0   # a collective's size S, as the runtime counts it
+    nbytes: float = 0.0   # a collective's size S, or the bytes elementwise work moves
 
     @property
     def flops(self) -> float:
@@ -74,6 +77,7 @@ class StageShape:
     itemsize: int     # bytes of the model's dtype
     compute_itemsize: int  # bytes of the dtype reductions run in (nn.matmul.compute_dtype)
     recompute: str    # "none" | "selective" | "full"
+    dropout: float    # p of every dropout (r = 1 byte of mask an element when p > 0)
     lo: int           # blocks lo..hi-1
     hi: int
     first: bool
@@ -82,14 +86,14 @@ class StageShape:
 
     @staticmethod
     def of(model, layout, itemsize: int, lo: int, hi: int, stage: int,
-           stages: int) -> "StageShape":
+           stages: int, dropout: float = 0.0) -> "StageShape":
         """Stage `stage` of `stages` (blocks lo..hi-1) of a GPT ModelSpec under a Layout,
         elements of `itemsize` bytes (8: float64, whose reductions run in float64; else
         they run in float32, nn.matmul.compute_dtype)."""
         return StageShape(model.seq_len, layout.micro_batch, model.hidden, model.heads,
                           model.ffn, model.vocab, layout.tp, layout.sequence_parallel,
-                          itemsize, 8 if itemsize == 8 else 4, layout.recompute, lo, hi,
-                          stage == 0, stage == stages - 1, stages > 1)
+                          itemsize, 8 if itemsize == 8 else 4, layout.recompute, dropout,
+                          lo, hi, stage == 0, stage == stages - 1, stages > 1)
 
     @property
     def tokens(self) -> int:
@@ -99,6 +103,21 @@ class StageShape:
     def stream(self) -> float:
         """X: bytes of the micro-batch's whole residual stream [s, b, h]."""
         return float(self.tokens * self.h * self.itemsize)
+
+    @property
+    def local(self) -> int:
+        """N: elements of the residual stream on this rank, [s, b, h] or [s/t, b, h]."""
+        return self.tokens * self.h // (self.tp if self.sequence_parallel else 1)
+
+    @property
+    def mask(self) -> int:
+        """r: bytes of dropout mask an element."""
+        return 1 if self.dropout > 0 else 0
+
+    @property
+    def scores(self) -> int:
+        """S: elements of this rank's attention scores, b·(a/t)·s²."""
+        return self.b * self.heads // self.tp * self.s * self.s
 
     @property
     def message(self) -> int:
@@ -114,11 +133,14 @@ class _Ops:
         self.g, self.ops = g, []
 
     def gemm(self, label: str, M: int, N: int, K: int, count: int = 1) -> None:
-        self.ops.append(Op(MATMUL, label, (M, N, K), count))
+        self.ops.append(Op(MATMUL, MATMUL, label, (M, N, K), count))
+
+    def bytes(self, name: str, nbytes: float) -> None:
+        self.ops.append(Op(BYTES, name, nbytes=float(nbytes)))
 
     def comm(self, kind: str, nbytes: float) -> None:
         if self.g.tp > 1:
-            self.ops.append(Op(kind, "tp", nbytes=float(nbytes)))
+            self.ops.append(Op(COMM, kind, "tp", nbytes=float(nbytes)))
 
     def to_tp(self) -> None:
         """A column-parallel linear's input: SP's all-gather (f̄); f is the identity."""
@@ -131,19 +153,35 @@ class _Ops:
                   self.g.stream)
 
 
+def _core_forward(o: _Ops, n: int) -> None:
+    """The attention core's q·kᵀ, softmax, dropout (p > 0): what selective recompute reruns."""
+    g, d = o.g, o.g.h // o.g.heads
+    o.gemm("attn q@k^T", g.s, g.s, d, n)
+    o.bytes("softmax", 2 * g.itemsize * g.scores)
+    if g.dropout > 0:
+        o.bytes("attention_dropout", (2 * g.itemsize + g.mask) * g.scores)
+
+
 def _block_forward(o: _Ops, l: int) -> None:
     g = o.g
-    T, h, t, d = g.tokens, g.h, g.tp, g.h // g.heads
+    T, h, t, d, e = g.tokens, g.h, g.tp, g.h // g.heads, g.itemsize
+    residual = (3 * e + g.mask) * g.local  # a branch's dropout and residual add
+    o.bytes("layernorm", 2 * e * g.local)
     o.to_tp()
     o.gemm(f"blocks.{l}.attn.qkv", T, 3 * h // t, h)
-    o.gemm("attn q@k^T", g.s, g.s, d, g.b * g.heads // t)
+    _core_forward(o, g.b * g.heads // t)
     o.gemm("attn p@v", g.s, d, g.s, g.b * g.heads // t)
+    o.bytes("attention_layout", 2 * e * 4 * T * h // t)  # q, k, v and the context: 4Th/t
     o.gemm(f"blocks.{l}.attn.proj", T, h, h // t)
     o.from_tp()
+    o.bytes("dropout_add", residual)
+    o.bytes("layernorm", 2 * e * g.local)
     o.to_tp()
     o.gemm(f"blocks.{l}.mlp.fc1", T, g.ffn // t, h)
+    o.bytes("gelu", 2 * e * T * g.ffn // t)
     o.gemm(f"blocks.{l}.mlp.fc2", T, h, g.ffn // t)
     o.from_tp()
+    o.bytes("dropout_add", residual)
 
 
 def _row_backward(o: _Ops, w: Optional[_Ops], label: str, n_in: int, n_out: int) -> None:
@@ -178,38 +216,52 @@ def _flush(o: _Ops, elements: int) -> None:
 
 def _block_backward(o: _Ops, w: Optional[_Ops], l: int) -> None:
     g = o.g
-    T, h, t, d = g.tokens, g.h, g.tp, g.h // g.heads
+    T, h, t, d, e = g.tokens, g.h, g.tp, g.h // g.heads, g.itemsize
+    residual = (6 * e + g.mask) * g.local
     if g.recompute == "full":
         _block_forward(o, l)
+    o.bytes("dropout_add.backward", residual)
     _row_backward(o, w, f"blocks.{l}.mlp.fc2", g.ffn // t, h)
+    o.bytes("gelu.backward", 4 * e * T * g.ffn // t)
     _column_backward(o, w, f"blocks.{l}.mlp.fc1", h, g.ffn // t)
+    o.bytes("layernorm.backward", 5 * e * g.local)
+    o.bytes("dropout_add.backward", residual)
     _row_backward(o, w, f"blocks.{l}.attn.proj", h // t, h)
     n = g.b * g.heads // t
     if g.recompute == "selective":
-        o.gemm("attn q@k^T", g.s, g.s, d, n)
+        _core_forward(o, n)
     o.gemm("attn d(p@v)/dp", g.s, g.s, d, n)
     o.gemm("attn d(p@v)/dv", g.s, d, g.s, n)
+    if g.dropout > 0:
+        o.bytes("attention_dropout.backward", (2 * e + g.mask) * g.scores)
+    o.bytes("softmax.backward", 3 * e * g.scores)
     o.gemm("attn d(q@k^T)/dq", g.s, d, g.s, n)
     o.gemm("attn d(q@k^T)/dk", g.s, d, g.s, n)
+    o.bytes("attention_layout.backward", 2 * e * 4 * T * h // t)
     _column_backward(o, w, f"blocks.{l}.attn.qkv", h, 3 * h // t)
+    o.bytes("layernorm.backward", 5 * e * g.local)
     _flush(o if w is None else w, 6 * h)  # ln1, ln2 (weight, bias), proj's and fc2's bias
 
 
 def _head_forward(o: _Ops) -> None:
     g = o.g
+    o.bytes("layernorm", 2 * g.itemsize * g.local)  # ln_f
     o.to_tp()
     o.gemm("lm_head", g.tokens, g.vocab // g.tp, g.h)
     for _ in range(3):  # max, the target's logit, the sum of exponentials (vocab.py)
         o.comm("all_reduce", g.tokens * g.compute_itemsize)
+    o.bytes("cross_entropy", (g.itemsize + g.compute_itemsize) * g.tokens * g.vocab // g.tp)
 
 
 def stage_ops(g: StageShape, kind: str) -> list[Op]:
     """The ops of one action of kind "F", "B", "I" or "W" on this stage (module docstring).
     I and W are the two halves of one split backward (B = I + W, op for op)."""
+    embedding = (5 * g.itemsize + g.mask) * g.local  # lookup, position add, dropout
     if kind == "F":
         o = _Ops(g)
         if g.first:
             o.comm("all_reduce", g.stream)  # g of the vocabulary-parallel embedding
+            o.bytes("embedding", embedding)
         for l in range(g.lo, g.hi):
             _block_forward(o, l)
         if g.last:
@@ -220,12 +272,16 @@ def stage_ops(g: StageShape, kind: str) -> list[Op]:
     o = _Ops(g)
     w = None if kind == "B" else _Ops(g)
     if g.last:
+        o.bytes("cross_entropy.backward",
+                (g.itemsize + g.compute_itemsize) * g.tokens * g.vocab // g.tp)
         _column_backward(o, w, "lm_head", g.h, g.vocab // g.tp)
+        o.bytes("layernorm.backward", 5 * g.itemsize * g.local)  # ln_f
         if g.root_split:
             _flush(o if w is None else w, 2 * g.h)  # ln_f
     for l in reversed(range(g.lo, g.hi)):
         _block_backward(o, w, l)
     if g.first:
+        o.bytes("embedding.backward", embedding)
         if g.sequence_parallel:
             o.comm("all_gather", g.stream)  # the embedding's scatter, backward
         if not g.root_split:

@@ -15,6 +15,11 @@ In the order PipelineRunner.step, Parallelized.train_step and the DDP engine run
                 together, one after another on the dp stream: AR(bucket) each
     loss        the last stage's loss broadcast over pp (8 bytes)
     norm        with clipping, the squares summed over tp x pp: AR(8 bytes)
+    adamw       under a compute model with a bandwidth, the step's bytes over HBM:
+                g + (2w + 4s + g) + (w + half) + g an element (optim/adam.py's
+                adam_step_bytes: w, s the float32 master and moments of a bf16 model, g
+                and half its 16-bit gradient and weight; float32 and float64 models step
+                their own weights, no half)
 
 A collective starts on its group when its last member comes: the embedding's and the pp
 group's wait for the slowest pipeline rank among them; tp and dp groups are symmetric.
@@ -46,10 +51,12 @@ class Representative:
 
 
 class Costs:
-    """Collective times on the topology and the bytes this rank sends, memoised."""
+    """The clock's prices: collectives on the topology (and the bytes a rank sends,
+    memoised), kernels by the compute model at the dtype's peak."""
 
-    def __init__(self, topology: Topology, algorithm):
+    def __init__(self, topology: Topology, algorithm, clock, peak: float):
         self.topology, self.algorithm, self.memo = topology, algorithm, {}
+        self.clock, self.peak = clock, peak
 
     def collective(self, kind: str, S: float, ranks: tuple, me: int, root: int = 0):
         """(runtime.cost.Cost, bytes `me` sends) of `kind` of S bytes over `ranks`."""
@@ -105,6 +112,15 @@ def step_tail(ranks: list, reps: list, model, info, shapes: list, costs: Costs,
     if max_grad_norm is not None and len(reps[0].model_parallel) > 1:
         together("all_reduce", 8, list(range(P)), lambda q: reps[q].model_parallel,
                  "model_parallel")
+    if costs.clock.memory_bandwidth is not None:  # AdamW's bytes (optim/adam.py)
+        w = 4 if e == 2 else e  # the weight it steps: a 16-bit one's float32 master
+        per = e + (2 * w + 4 * w + e) + (w + e if e == 2 else 0) + e
+        for q in range(P):
+            nbytes = sum(buckets(q, info, shapes, model.tied, float("inf"))) * per
+            t = costs.clock.elementwise_seconds(nbytes)
+            ranks[q].events.append(Event(reps[q].rank, "compute", "adamw", now[q],
+                                         now[q] + t, meta={"bytes": nbytes}))
+            now[q] += t
     for q in range(P):
         ranks[q].end = now[q]
 

@@ -55,6 +55,7 @@ from ..parallel.pp.lowering import Message, lower, pair_overlap
 from ..parallel.pp.schedules import schedule
 from ..parallel.pp.validate import validate_schedule
 from ..runtime import cost as cost_model
+from ..runtime.context import resolve_compute_model
 from ..runtime.device import dtype_key
 from ..runtime.topology import Topology
 from ..runtime.trace import Event
@@ -62,7 +63,7 @@ from .layout import Layout
 from .pipeline_time import stage_layers
 from .presets import ModelSpec
 from .rank_memory import layer_activation_bytes
-from .stage_ops import MATMUL, Op, StageShape, stage_ops
+from .stage_ops import BYTES, MATMUL, Op, StageShape, stage_ops
 from .step_tail import Costs, Representative, step_tail
 
 ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -129,11 +130,13 @@ def check_modelled(model: ModelSpec, layout: Layout, dtype: str) -> None:
 
 
 def timeline(model: ModelSpec, layout: Layout, topology: Topology, *,
-             dtype: str = "bfloat16", max_grad_norm: Optional[float] = None,
-             bucket_cap_mb: float = 25.0, algorithm="auto") -> Timeline:
+             dtype: str = "bfloat16", dropout: float = 0.0,
+             max_grad_norm: Optional[float] = None, bucket_cap_mb: float = 25.0,
+             algorithm="auto", compute_model=None) -> Timeline:
     """One train_step of `model` under `layout` on `topology`, dry-run (module docstring);
-    dtype: the model's (parallelize's GPTConfig.dtype); max_grad_norm: clipping, as
-    parallelize's; bucket_cap_mb: DDP's; algorithm: the collectives', as launch's."""
+    dtype, dropout: the model's (parallelize's GPTConfig); max_grad_norm: clipping, as
+    parallelize's; bucket_cap_mb: DDP's; algorithm and compute_model ("peak", the default,
+    "calibrated", or a runtime ComputeModel): the clock's, as launch's."""
     check_modelled(model, layout, dtype)
     if topology.world_size < layout.gpus:
         raise ValueError(f"the topology has {topology.world_size} devices; {layout} needs "
@@ -146,12 +149,13 @@ def timeline(model: ModelSpec, layout: Layout, topology: Topology, *,
         bounds.append((lo, lo + n))
         lo += n
     e = ITEMSIZE[dtype]
-    shapes = [StageShape.of(model, layout, e, lo, hi, i, S) for i, (lo, hi) in enumerate(bounds)]
+    shapes = [StageShape.of(model, layout, e, lo, hi, i, S, dropout)
+              for i, (lo, hi) in enumerate(bounds)]
     reps = [Representative(layout, i) for i in range(P)]
-    costs = Costs(topology, algorithm)
-    peak = topology.device.peak(dtype_key(dtype))
+    clock = resolve_compute_model(compute_model, topology.device)
+    costs = Costs(topology, algorithm, clock, topology.device.peak(dtype_key(dtype)))
     kinds = sorted({a.kind.value for row in actions for item in row for a in parts(item)})
-    ops = {(k, i): _timed(stage_ops(shapes[i], k), reps[info.placement[i]], costs, peak)
+    ops = {(k, i): _timed(stage_ops(shapes[i], k), reps[info.placement[i]], costs)
            for k in kinds for i in range(S)}
     durations = {k: [sum(t for _, t, _ in ops[(k, i)]) for i in range(S)] for k in kinds}
     lowered = lower(actions)
@@ -163,7 +167,7 @@ def timeline(model: ModelSpec, layout: Layout, topology: Topology, *,
 
     dry = dry_run(lowered, durations, p2p)
     act = [(hi - lo) * layer_activation_bytes(model, g.s, g.b, g.tp, g.sequence_parallel,
-                                              g.recompute, e, dropout=False)
+                                              g.recompute, e, dropout=dropout > 0)
            for g, (lo, hi) in zip(shapes, bounds)]
     ranks = [_expand(r, reps[r], lowered[r], dry, ops, durations, info, topology, nbytes, act)
              for r in range(P)]
@@ -173,12 +177,16 @@ def timeline(model: ModelSpec, layout: Layout, topology: Topology, *,
     return Timeline(ranks, max(r.end for r in ranks), dry, layout.gpus)
 
 
-def _timed(ops: list[Op], rep: Representative, costs: Costs, peak: float) -> list:
-    """[(op, seconds, sent bytes)] of one action on its representative rank."""
+def _timed(ops: list[Op], rep: Representative, costs: Costs) -> list:
+    """[(op, seconds, sent bytes)] of one action on its representative rank; memory-bound
+    work only where the clock has a bandwidth (the runtime records nothing otherwise)."""
     out = []
     for op in ops:
-        if op.name == MATMUL:
-            out.append((op, op.flops / peak, 0.0))
+        if op.kind == MATMUL:
+            out.append((op, costs.clock.matmul_seconds(op.flops, op.dims, costs.peak), 0.0))
+        elif op.kind == BYTES:
+            if costs.clock.memory_bandwidth is not None:
+                out.append((op, costs.clock.elementwise_seconds(op.nbytes), 0.0))
         else:
             c, sent = costs.collective(op.name, op.nbytes, rep.tp, rep.rank)
             out.append((op, c.seconds, sent))
@@ -189,9 +197,12 @@ def _events(rank: int, timed: list, t: float, group: tuple) -> tuple[list, float
     """The events of one action's ops from time t, and when they end."""
     out = []
     for op, seconds, sent in timed:
-        if op.name == MATMUL:
+        if op.kind == MATMUL:
             out.append(Event(rank, "compute", MATMUL, t, t + seconds, flops=op.flops,
                              label=op.label))
+        elif op.kind == BYTES:
+            out.append(Event(rank, "compute", op.name, t, t + seconds,
+                             meta={"bytes": op.nbytes}))
         else:
             out.append(Event(rank, "comm", op.name, t, t + seconds, nbytes=int(op.nbytes),
                              group=group, label=op.label, meta={"sent_bytes": sent}))

@@ -5,9 +5,10 @@
                     --global-batch 2048 --sp [--trace step.json]
 
 plan/timeline.py runs the step as parallelize would, one rank per pipeline coordinate
-(the mesh's symmetry), the model as a GPT of the preset's size (plan/sized.py). It prints
-the step's time, each pipeline rank's compute, exposed communication and idle time, its
-peak activations, and the step's MFU; `--trace` writes the ranks' Chrome trace
+(the mesh's symmetry), the model as a GPT of the preset's size (plan/sized.py), on the
+runtime's clock with the calibrated compute model (or --compute-model peak). It prints
+the step's time, each pipeline rank's GEMM, memory-bound, blocking-communication and idle
+time, its peak activations, and the step's HFU; `--trace` writes the ranks' Chrome trace
 (chrome://tracing or ui.perfetto.dev).
 """
 
@@ -22,6 +23,7 @@ from ..plan.layout import Layout
 from ..plan.presets import CLUSTERS, cluster, model
 from ..plan.sized import as_gpt
 from ..plan.timeline import timeline
+from ..runtime.context import resolve_compute_model
 from ..viz.chrome import to_chrome_trace
 from .plan_command import PLANNABLE
 
@@ -51,6 +53,10 @@ def add_parser(sub, arg) -> None:
     dr.add_argument("--sp", action="store_true", help="sequence parallelism")
     dr.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
                     help="activation recomputation (none)")
+    dr.add_argument("--compute-model", choices=("calibrated", "peak"), default="calibrated",
+                    help="what the clock charges: calibrated, each GEMM at the planner's "
+                         "efficiency of its shape and elementwise work by its bytes over "
+                         "HBM; peak, every matmul at peak and nothing else (calibrated)")
     dr.add_argument("--trace", metavar="PATH", default=None,
                     help="write the ranks' Chrome trace to PATH")
     dr.set_defaults(func=run, parser=dr)
@@ -75,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                         global_batch=B, sequence_parallel=args.sp, recompute=args.recompute)
         nodes = -(-layout.gpus // node.gpus_per_node)
         began = time.perf_counter()
-        tl = timeline(gpt, layout, node.topology(nodes))
+        tl = timeline(gpt, layout, node.topology(nodes), compute_model=args.compute_model)
         took = time.perf_counter() - began
     except ValueError as e:
         args.parser.error(str(e))
@@ -85,24 +91,30 @@ def run(args: argparse.Namespace) -> int:
           f"s {gpt.seq_len}, bf16) on {layout.gpus:,} x "
           f"{node.device.name}: dp {args.dp} x pp {args.pp} x tp {args.tp}"
           f"{' + SP' if args.sp else ''}, {args.schedule}, m = {m}, global batch {B}")
+    clock = resolve_compute_model(args.compute_model, node.device)
+    print(f"  compute: {clock.describe()}")
     print(f"  step {tl.step_time:.3f} s simulated ({took:.2f} s to dry-run "
           f"{sum(len(r.events) for r in tl.ranks):,} events), HFU "
           f"{flops / (tl.step_time * layout.gpus * peak):.1%} (the matmuls run, "
           f"recomputation included, over the step's peak FLOPs)")
-    print(f"  {'pp rank':>7} {'compute':>9} {'comm':>9} {'idle':>9} {'peak act.':>10}")
+    print(f"  {'pp rank':>7} {'matmul':>9} {'memory':>9} {'comm':>9} {'idle':>9} "
+          f"{'peak act.':>10}")
     for r in tl.ranks:
-        compute = r.busy("compute", "matmul")
+        gemm = r.busy("compute", "matmul")
+        kernels = sum(e.duration for e in r.events if e.stream == "compute"
+                      and "action" not in e.meta)
         comm = sum(e.duration for e in r.events if e.stream == "comm")
-        idle = tl.step_time - compute - comm
+        idle = tl.step_time - kernels - comm
         act = max((a for _, a in r.activations), default=0.0)
-        print(f"  {r.pipeline_rank:>7} {compute:>8.3f}s {comm:>8.3f}s {idle:>8.3f}s "
-              f"{act / 2**30:>6.1f} GiB")
+        print(f"  {r.pipeline_rank:>7} {gemm:>8.3f}s {kernels - gemm:>8.3f}s {comm:>8.3f}s "
+              f"{idle:>8.3f}s {act / 2**30:>6.1f} GiB")
     worst = max(max((a for _, a in r.activations), default=0.0) for r in tl.ranks)
     if worst > node.device.memory_bytes:
         print(f"  activations alone reach {worst / 1e9:,.0f} GB of the device's "
               f"{node.device.memory_bytes / 1e9:,.0f}: this layout does not fit (try --sp, "
               f"--recompute selective, more pp; `minipar plan` counts every category)")
-    print("  comm: blocking collectives (tp's, the tail's) and DDP's buckets; idle: the "
+    print("  matmul: GEMMs; memory: memory-bound kernels (norms, softmax, GeLU, dropout, "
+          "the loss, AdamW); comm: blocking collectives and DDP's buckets; idle: the "
           "bubble and p2p waits. One rank per pipeline coordinate, exact for it "
           "(plan/timeline.py).")
     if args.trace:

@@ -2,11 +2,13 @@
 
 Each example draws a small layout dp x pp x tp <= 8 ranks, a schedule (GPipe, 1F1B,
 interleaved 1F1B, ZB-H1, ZB-H2, ZBV, DualPipeV), micro-batches, layers, sequence
-parallelism, tied embeddings, the recompute mode, clipping, the dtype and the node size
-(so groups cross NVLink or InfiniBand), runs one `parallelize(...).train_step` on the
+parallelism, tied embeddings, the recompute mode, dropout, clipping, the dtype, the node
+size (so groups cross NVLink or InfiniBand) and the clock's compute model (peak: matmuls
+only; calibrated: each GEMM at its shape's efficiency and every memory-bound op, the
+optimizer's step included, by its bytes), runs one `parallelize(...).train_step` on the
 simulated runtime after a barrier, and holds every rank's trace to the dry run's events of
-its pipeline rank: the same kernels, collectives, sends and receives, with the same FLOPs
-and bytes, each starting and ending within a nanosecond (the dry run runs one rank per
+its pipeline rank: the same kernels (GEMMs and memory-bound ops), collectives, sends and
+receives, with the same FLOPs and bytes, each starting and ending within a nanosecond (the dry run runs one rank per
 pipeline coordinate: the others must match it too). A planted bug in the op list fails.
 """
 
@@ -30,7 +32,7 @@ V_SCHEDULES = ("zbv", "dualpipev")
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2") + V_SCHEDULES
 
 
-def real_step(cfg, dims, B, topology, **kw):
+def real_step(cfg, dims, B, topology, compute_model=None, **kw):
     """Per global rank: (its clock after the barrier, its events of one train_step, its
     coordinate on the mesh)."""
     def program(ctx):
@@ -44,15 +46,15 @@ def real_step(cfg, dims, B, topology, **kw):
         ctx.resolve_pending()
         return t0, list(ctx.trace.events), run.groups.coordinate
 
-    return mp.launch(program, dims.world_size, topology=topology)
+    return mp.launch(program, dims.world_size, topology=topology, compute_model=compute_model)
 
 
 def fields(e, t0):
     """What must agree: stream, kind, label (a p2p peer aside), FLOPs, bytes; the times."""
     label = "" if e.stream in ("p2p", "recv") else e.label
     nbytes = e.nbytes if e.stream != "compute" else 0
-    return (e.stream, e.name, label, e.flops, nbytes,
-            float(e.meta.get("sent_bytes", 0))), (e.start - t0, e.end - t0)
+    return (e.stream, e.name, label, e.flops, nbytes, float(e.meta.get("sent_bytes", 0)),
+            float(e.meta.get("bytes", 0))), (e.start - t0, e.end - t0)
 
 
 def assert_same(real_events, t0, dry_events, where):
@@ -75,13 +77,13 @@ def planned(cfg, dims, B, schedule, microbatches, chunks=1, sequence_parallel=Fa
     return model, layout
 
 
-def check(cfg, dims, B, gpus_per_node=8, max_grad_norm=None, **kw):
+def check(cfg, dims, B, gpus_per_node=8, max_grad_norm=None, compute_model=None, **kw):
     """Run both and compare every rank; returns the timeline and the real run."""
     nodes = -(-dims.world_size // gpus_per_node)
     topo = Topology.nodes(nodes, min(gpus_per_node, dims.world_size))
-    res = real_step(cfg, dims, B, topo, max_grad_norm=max_grad_norm, **kw)
-    tl = timeline(*planned(cfg, dims, B, **kw), topo, dtype=cfg.dtype,
-                  max_grad_norm=max_grad_norm)
+    res = real_step(cfg, dims, B, topo, compute_model, max_grad_norm=max_grad_norm, **kw)
+    tl = timeline(*planned(cfg, dims, B, **kw), topo, dtype=cfg.dtype, dropout=cfg.dropout,
+                  max_grad_norm=max_grad_norm, compute_model=compute_model)
     for rank, (t0, events, where) in enumerate(res):
         pp = where["pp"]
         if where["tp"] == where["dp_replicate"] == 0:
@@ -109,11 +111,13 @@ def layouts(draw):
     cfg = GPTConfig(vocab_size=16, seq_len=4, hidden=8, num_heads=2, num_layers=layers,
                     tie_embeddings=draw(st.booleans()),
                     recompute=draw(st.sampled_from(("none", "selective", "full"))),
-                    dtype=draw(st.sampled_from(("float64", "bfloat16"))))
+                    dtype=draw(st.sampled_from(("float64", "bfloat16"))),
+                    dropout=draw(st.sampled_from((0.0, 0.1))))
     dims = ParallelDims(dp_replicate=dp, pp=pp, tp=tp)
     B = m * dp * draw(st.sampled_from((1, 2)))
     kw = dict(schedule=name, microbatches=m, chunks=chunks, sequence_parallel=sp,
-              max_grad_norm=draw(st.sampled_from((None, 1.0))))
+              max_grad_norm=draw(st.sampled_from((None, 1.0))),
+              compute_model=draw(st.sampled_from(("peak", "calibrated"))))
     return cfg, dims, B, draw(st.sampled_from((2, 4, 8))), kw
 
 
@@ -123,18 +127,21 @@ def layouts(draw):
 def test_the_dry_run_is_the_real_run_event_by_event(layout):
     cfg, dims, B, gpus_per_node, kw = layout
     event(f"{kw['schedule']}"), event(f"dp {dims.dp} pp {dims.pp} tp {dims.tp}")
+    event(f"compute model {kw['compute_model']}")
     check(cfg, dims, B, gpus_per_node, **kw)
 
 
-def test_every_schedule_at_dp_pp_tp_2_with_sp_clipping_and_tied_embeddings():
-    """The fixed corner of the space: 8 ranks, two nodes of 4, each schedule."""
+@pytest.mark.parametrize("compute_model", ["peak", "calibrated"])
+def test_every_schedule_at_dp_pp_tp_2_with_sp_clipping_and_tied_embeddings(compute_model):
+    """The fixed corner of the space: 8 ranks, two nodes of 4, each schedule, dropout."""
     cfg = GPTConfig(vocab_size=16, seq_len=4, hidden=8, num_heads=2, num_layers=4,
-                    tie_embeddings=True)
+                    tie_embeddings=True, dropout=0.1)
     dims = ParallelDims(dp_replicate=2, pp=2, tp=2)
     for name in SCHEDULES:
         chunks = 2 if name in V_SCHEDULES or name == "interleaved_1f1b" else 1
         tl, _ = check(cfg, dims, 8, 4, schedule=name, microbatches=4, chunks=chunks,
-                      sequence_parallel=True, max_grad_norm=1.0)
+                      sequence_parallel=True, max_grad_norm=1.0,
+                      compute_model=compute_model)
         kinds = {e.name for r in tl.ranks for e in r.events}
         assert {"matmul", "all_gather", "reduce_scatter", "all_reduce", "send", "recv",
                 "broadcast"} <= kinds, (name, kinds)
