@@ -15,6 +15,9 @@
                   [--sample N] [--temperature T] [--prompt TEXT] [--quiet]
     minipar plan --model NAME --gpus N [--gpu a100|h100|h200|h800] [--global-batch B]
                  [--seq S] [--micro-batch b] [--top K] [--json]
+    minipar dry-run --model NAME [--gpu G] [--tp N] [--pp N] [--dp N] [--microbatches N]
+                    [--chunks N] [--global-batch N] [--seq N] [--schedule NAME] [--sp]
+                    [--recompute MODE] [--compute-model calibrated|peak] [--trace PATH]
     minipar lessons [list | open NN | build [--check] [--force] [NN ...] | corpus [NN ...]]
     minipar grade NN [--impl exercise|solution|PATH] [--time-limit SECONDS]
     minipar --version
@@ -316,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="DeepSeek-V3's aux-loss-free bias step per optimizer step (0)")
     tr.add_argument("--compute-model", choices=("calibrated", "peak"), default="calibrated",
                     help="what the simulated clock charges: calibrated, each GEMM at the "
-                         "planner's efficiency of its shape (e_max 0.743 x g(M)g(N)g(K)) and "
+                         "planner's efficiency of its shape (e_max 0.766 x g(M)g(N)g(K)) and "
                          "elementwise work by its bytes over the device's HBM; peak, every "
                          "matmul at peak and nothing else, so one device's MFU is 100 %% by "
                          "construction (calibrated)")

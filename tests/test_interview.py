@@ -761,8 +761,8 @@ def _g(x):
 
 
 def _eff(M, N, K):
-    """e_max · g(M) g(N) g(K), e_max = 0.743 (the fit over Korthikanti et al.'s Table 5)."""
-    return 0.743 * _g(M) * _g(N) * _g(K)
+    """e_max · g(M) g(N) g(K), e_max = 0.766 (the fit over Korthikanti et al.'s Table 5)."""
+    return 0.766 * _g(M) * _g(N) * _g(K)
 
 
 def _gpt_layer(h):

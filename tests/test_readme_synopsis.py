@@ -37,7 +37,7 @@ def _readme_flags(text: str) -> dict[str, set[str]]:
     for block in blocks:
         current = None
         for line in block:
-            m = re.match(r"minipar (\w+)", line)
+            m = re.match(r"minipar ([\w-]+)", line)
             if m:
                 current = m.group(1)
             elif not line.startswith(" "):

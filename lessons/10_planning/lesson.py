@@ -260,7 +260,7 @@ print(f"  {'step':<13}{st70.seconds:8.3f} s  (the terms sum to {sum(st70.terms.v
 # A GEMM [M, K] × [K, N] does 2MNK FLOPs. A tensor-core kernel works on tiles (128 × 128
 # on A100 and H100 for bf16), so a small dimension wastes part of each tile's pipeline.
 # The planner's efficiency is one smooth function, e_max·g(M)·g(N)·g(K) with g(x) =
-# x/(x + 128): ½ at x = 128, near 1 for thousands; e_max = 0.743 is the one number fitted
+# x/(x + 128): ½ at x = 128, near 1 for thousands; e_max = 0.766 is the one number fitted
 # (the zero mean error over Korthikanti et al.'s Table 5, `plan/gemm.py`). The GEMMs of
 # one layer of §1's layout, one micro-batch, one rank:
 
@@ -282,8 +282,8 @@ print(f"  the s² matmuls: {s2_share['flops']:.1%} of the layer's GEMM FLOPs, "
       f"{s2_share['time']:.1%} of its GEMM time")
 
 # %% [markdown]
-# The linear layers run at 0.64–0.70 of peak; the two s² matmuls of attention run at
-# 0.36, because one of their dimensions is the head size d = 128: g(128) = ½. They are
+# The linear layers run at 0.66–0.72 of peak; the two s² matmuls of attention run at
+# 0.37, because one of their dimensions is the head size d = 128: g(128) = ½. They are
 # 14 % of the layer's GEMM FLOPs and 23 % of its GEMM time. The same fall-off hits any
 # layout that cuts a dimension small: more tensor parallelism shrinks f/t and (a·d)/t, a
 # small micro-batch shrinks the tokens T = b·s. The MLP's up-projection of this model, at
@@ -298,8 +298,8 @@ for T in (8192, 1024, 256):
         f"t = {t:>2} (N = {2 * f // t:>6,}) {small_gemms[T, t]:.3f}" for t in (1, 8, 64)))
 
 # %% [markdown]
-# A 256-token micro-batch cut 64 ways runs at 0.43 of peak where 8192 tokens on one GPU
-# run at 0.72: the same FLOPs take 1.7 times as long. Splitting work finer than the
+# A 256-token micro-batch cut 64 ways runs at 0.44 of peak where 8192 tokens on one GPU
+# run at 0.74: the same FLOPs take 1.7 times as long. Splitting work finer than the
 # tiles is paid for in efficiency, which a FLOP count alone never shows.
 
 # %% [markdown]
@@ -369,7 +369,7 @@ for i, (F, B) in enumerate(zip(st70.forward, st70.backward)):
 
 # %% [markdown]
 # The last stage also computes the logits, a (T, V/t, h) GEMM with V = 128,256, and the
-# loss (3.5 % more work than a middle stage here); the first stage the embedding. 1F1B's
+# loss (3.4 % more work than a middle stage here); the first stage the embedding. 1F1B's
 # steady state runs at the pace of its slowest stage, so over 64 micro-batches the
 # heavier ends stretch the bubble to half again the closed form, 7.3 % of the step.
 # (Megatron-LM's `--decoder-last-pipeline-num-layers` moves layers off the last stage for
@@ -408,7 +408,7 @@ print(f"  model FLOPs a step: {flops70:.4e} by hand, {st70.model_flops:.4e} by t
 
 # %% [markdown]
 # MFU falls as recomputation grows, since the same model FLOPs take longer; HFU stays
-# between 40 and 42 %, since the GPUs are as busy. A report that quotes HFU as MFU
+# between 41 and 43 %, since the GPUs are as busy. A report that quotes HFU as MFU
 # flatters a run by the recomputed work (Megatron-LM reports both for Korthikanti et al.'s
 # runs: for the 1T model 56.3 % MFU and 57.0 % HFU with selective recomputation). The
 # common shortcut 6·Ψ·tokens counts every parameter, embedding included, and no
@@ -470,7 +470,7 @@ for tp in (4, 8, 16):
 # %% [markdown]
 # Agreed, with numbers: tp 16 spans two nodes, and every layer's all-gathers and
 # reduce-scatters cross InfiniBand (run hierarchically, the kindest algorithm): the
-# tensor-parallel collectives take 3.3 times as long, 3.7 times as much of them exposed,
+# tensor-parallel collectives take 3.3 times as long, 3.8 times as much of them exposed,
 # and the step a third longer. The planner also finds tp 4 (with selective
 # recomputation, since without it tp 4 does not fit) as fast as tp 8: "TP = 8" is a
 # ceiling (the node), not a target.
@@ -524,7 +524,7 @@ for tp, pp in ((16, 4), (16, 2), (16, 1), (8, 4)):
 
 # %% [markdown]
 # The rule's threshold is sound; its lever is not. Lowering pp from 4 to 1 leaves the
-# share at about 64 %: the communication that crosses 30 % here is tensor parallelism's,
+# share at 66 to 68 %: the communication that crosses 30 % here is tensor parallelism's,
 # which pp does not touch, while a pipeline's own traffic is one activation per
 # micro-batch and stage boundary. What brings the share to 20 % is tp back inside the
 # node. Lower PP when the exposed time is the bubble or the point-to-point sends; lower
@@ -587,12 +587,12 @@ for rec, row in incident_a.items():
 print(f"  the case: MFU 35 % -> 48 %, x{48 / 35:.2f}")
 
 # %% [markdown]
-# What holds: the direction and the size of the gain — the planner's ×1.37 (and ×1.34
-# with selective recomputation) against the reported ×1.37. The levels are 3–4 points
+# What holds: the direction and the size of the gain — the planner's ×1.38 (and ×1.36
+# with selective recomputation) against the reported ×1.37. The levels are 2–5 points
 # below the reported ones, within what the planner's own errors allow (section 11; it
-# runs 4.5 % off measured step times on average). What the planner cannot predict: the
-# steps 8–10× slower. It prices each collective at the links' nominal bandwidth with no
-# congestion, so it sees the steady 3.3× longer tensor-parallel time, never a fabric
+# runs 3.4 % off measured step times on average). What the planner cannot predict: the
+# steps 8–10× slower. It prices each collective at the H100 links' nominal bandwidth with
+# no congestion, so it sees the steady 3.3× longer tensor-parallel time, never a fabric
 # that saturates. (A TP = 16 group "of 4 GPUs on each node" would be worse still: the
 # planner lays tp out as Megatron does, two whole nodes.) Also note that TP = 16 keeps
 # pp 4 and takes dp 4 to fill 256 GPUs.
@@ -631,7 +631,7 @@ for m, sched, v in ((4, "1f1b", 1), (32, "1f1b", 1), (64, "interleaved_1f1b", 2)
 # step, and the planner predicts 3.0 %, not 28 % (28 % would need stages running at 470 %
 # MFU, lesson 05). At m = 32 it predicts 16 %, not 51 %: the m/(m + p − 1) = 34 % bound
 # caps it whatever the stages do. Even 64 micro-batches on an interleaved schedule reach
-# only 30 %. The fix that works is a shallower pipeline: the first rank uses 14 GiB of
+# only 31 %. The fix that works is a shallower pipeline: the first rank uses 14 GiB of
 # 74.5 at m = 32, so far fewer than 64 stages would hold the model.
 #
 # **Incident C: ZeRO-3 with activation checkpointing peaks above ZeRO-2.** The case: a 13B
@@ -720,12 +720,12 @@ for name in ("matmul", "attention", "elementwise", "recompute", "tp", "zero3", "
 # %% [markdown]
 # The answer: yes, it fits — with recomputation. Without it the first rank needs 110 GiB
 # (1F1B) or 154 GiB (interleaved); with selective recomputation 30–40 GiB. At its best
-# (interleaved 1F1B with 2 chunks) a step of 1024 × 8192 tokens takes 21 s, 396k tokens a
+# (interleaved 1F1B with 2 chunks) a step of 1024 × 8192 tokens takes 21 s, 405k tokens a
 # second at 38 % MFU; 1F1B without interleaving leaves 11 % of the step to the bubble,
 # which the planner flags. But TP 8, PP 8 is only the 11th plan, 17 % slower than the
 # fastest: tp 4 with ZeRO-3 and no pipeline. The terms say why: the compute is the same
-# to within 1 %, but the fastest plan has no bubble (1.8 s), and its tensor-parallel
-# collectives over 4 GPUs expose 0.9 s where 8 GPUs expose 2.1 s; ZeRO-3's gathers of
+# to within 1 %, but the fastest plan has no bubble (1.7 s), and its tensor-parallel
+# collectives over 4 GPUs expose 0.9 s where 8 GPUs expose 2.2 s; ZeRO-3's gathers of
 # every micro-batch hide behind 8k-token micro-batches (0.15 s shows). The question
 # presumed a layout; the planner answers it, and then names a faster one that fits.
 
@@ -738,11 +738,14 @@ for name in ("matmul", "attention", "elementwise", "recompute", "tp", "zero3", "
 # Figure 7's shares within 0.04 percentage points; ZeRO's Figure 1 (Rajbhandari et al.
 # 2020) to the byte; and on small runs the parameters, gradients and optimizer states
 # equal minipar's own ledger to the byte. **Time**: against Korthikanti et al.'s Table 5
-# (eight iteration times on A100s), a mean error of 4.5 % and a maximum of 8.0 % (the 1T
+# (eight iteration times on A100s), a mean error of 3.4 % and a maximum of 6.2 % (the 1T
 # model, whose 2-layer stages feel the last stage's logits most), where the best
 # published analytical model, Calculon (Isaev et al. 2023), reaches 3.65 % and 8.87 %;
-# against Narayanan et al. 2021's Table 1 (ten weak-scaling runs), 4.9 % mean, 10.0 %
-# maximum. The four cheapest rows, recomputed here:
+# against Narayanan et al. 2021's Table 1 (ten weak-scaling runs), 3.4 % mean, 8.0 %
+# maximum. The A100 preset charges what the software is measured to reach, not the data
+# sheet: NCCL's 230 GB/s on NVLink 3 (300 nominal), 24 GB/s a GPU on InfiniBand HDR (25),
+# 1.80 TB/s of HBM for elementwise work (2.04); at the nominal figures the errors were
+# 4.5 % and 8.0 %. The four cheapest rows, recomputed here:
 
 # %%
 TABLE5 = {("22b", "full"): 1.42, ("22b", "selective"): 1.10, ("175b", "full"): 18.13,
@@ -763,10 +766,10 @@ print(f"  (the 175B's model FLOPs a step, 72Bslh²(1 + s/6h + V/12lh): {check_fl
 # %% [markdown]
 # What the planner leaves out, each of which would lengthen a real step: kernel launches
 # and framework overheads, data loading; contention between an overlapped collective and
-# the GEMM it hides behind; NCCL's achieved bandwidth below the links' nominal one; network
-# congestion (incident A's 8–10× steps); blocking pipeline sends; the tied embedding's
-# all-reduce; uneven expert loads (its MoE time is a first sketch); allocator
-# fragmentation (incident C's last GiB). One fitted number, e_max, absorbs their average
+# the GEMM it hides behind; NCCL's achieved bandwidth on the H100 (its preset is nominal;
+# the A100's is measured, above); network congestion (incident A's 8–10× steps); blocking
+# pipeline sends; the tied embedding's all-reduce; uneven expert loads (its MoE time is a
+# first sketch); allocator fragmentation (incident C's last GiB). One fitted number, e_max, absorbs their average
 # on Table 5; a new machine or code base should be recalibrated
 # (`plan.calibrate_e_max`). Use the planner to rank layouts and to find the term that
 # dominates; trust its absolute seconds to about 5–10 %.
@@ -807,8 +810,9 @@ print(f"  (the 175B's model FLOPs a step, 72Bslh²(1 + s/6h + V/12lh): {check_fl
 #   does not (pp 16 is 24 % slower than no pipeline for Llama 3 70B on 512 H100s); past
 #   30 % exposed communication the lever is the one that communicates (tp across nodes),
 #   not pp; ≤ 7B needs no pipeline but does need ZeRO.
-# - Incident A's gain ×1.37 holds (32 % → 44 % predicted); incident B's bubbles hold as
+# - Incident A's gain ×1.37 holds (33 % → 45 % predicted); incident B's bubbles hold as
 #   bubble over ideal, its MFUs cannot (3 % and 16 % predicted, not 28 % and 51 %);
 #   incident C's +20 % is not in the accounting (ZeRO-3 peaks at 0.41× ZeRO-2).
-# - The planner is within 4.5 % of measured steps on average, 8–10 % at worst; it does not
-#   see congestion, fragmentation or launch overheads.
+# - The planner is within 3.4 % of measured steps on average, 6–8 % at worst (the A100
+#   preset at NCCL's and HBM's measured bandwidths); it does not see congestion,
+#   fragmentation or launch overheads.

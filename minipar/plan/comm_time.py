@@ -1,5 +1,7 @@
 """Communication time of one step: every collective priced by the runtime's alpha-beta cost
 model (runtime/cost.py) on the links its group crosses, and what of it a rank waits for.
+The links are the ClusterSpec's: at the bus bandwidth NCCL is measured to reach where one
+is published (the DGX A100's: presets.py), else the wire's nominal rate.
 
 Ranks are laid out as Megatron-LM and ParallelDims lay them out by default (order
 tp-cp-dp-pp, tp fastest; ep folded into dp x cp): rank = i_tp + t (i_cp + cp (i_dp + dp

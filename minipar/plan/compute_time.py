@@ -19,11 +19,12 @@ A GPT (a_kv = a, f = 4h, GeLU) so does 24 T h²/t + 4 b s_c s h/t a layer, flops
 Each GEMM takes 2 M N K / (eff(M, N, K) · peak) (gemm.py); the backward's two GEMMs per
 forward GEMM take twice that.
 
-Elementwise work moves bytes through HBM at the device's memory bandwidth W. Per layer,
-with r = 1 byte of dropout mask an element when dropout is on (else 0), N = T·h elements of
-the stream between the blocks (N/t under sequence parallelism), F_t = T·f/t elements of
-the MLP's activation, Q = T (2a + 2a_kv) d / t elements of q, k, v and the context, and
-S_el = b (a/t) s_c s attention scores, the ops of a Megatron-LM layer:
+Elementwise work moves bytes through HBM at the memory bandwidth W a streaming kernel
+reaches (ClusterSpec.elementwise_bandwidth: measured where known, else the data sheet's).
+Per layer, with r = 1 byte of dropout mask an element when dropout is on (else 0), N = T·h
+elements of the stream between the blocks (N/t under sequence parallelism), F_t = T·f/t
+elements of the MLP's activation, Q = T (2a + 2a_kv) d / t elements of q, k, v and the
+context, and S_el = b (a/t) s_c s attention scores, the ops of a Megatron-LM layer:
 
     op                         forward bytes            backward bytes
     2 LayerNorms               2 · 2e N  (read, write)   2 · 5e N  (read dy, x, write dx;

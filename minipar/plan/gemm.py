@@ -22,53 +22,24 @@ The calibration (A100_MEGATRON, used for the A100 preset): x_half = 128, the edg
 A100's largest bf16 tensor-core tile in cuBLAS and CUTLASS (128 x 128 x 32), is fixed, not
 fitted; e_max is the one number fitted, once, on one principle: it is the value at which
 the mean signed error of minipar's step time over the eight iteration times of Korthikanti
-et al. 2022, Table 5 (A100, Megatron-LM, dp = 1) is zero: e_max = 0.743 (calibrate_e_max's
-bisection gives 0.7425). Nothing is fitted per row; Narayanan et al. 2021's Table 1,
-measured on the same machines with the 2021 Megatron-LM, is predicted with the same number
-(tests/plan/test_step_time.py: test_the_calibration_is_the_zero_mean_fit_over_table5, and
-docs/planner.md for every row's error). For another device or code base fit e_max the
-same way (calibrate_e_max) on a set of its measured steps, or set it from a GEMM benchmark.
+et al. 2022, Table 5 (A100, Megatron-LM, dp = 1) is zero: e_max = 0.766 (calibrate_e_max's
+bisection gives 0.7662), with the rest of the step on the DGX A100 preset's measured
+figures, not fitted either (presets.py: NCCL's bus bandwidth of 230 GB/s on NVLink 3 and
+24 GB/s a GPU on InfiniBand HDR, 1.80 TB/s of HBM for elementwise work; at the nominal
+300 GB/s, 25 GB/s and 2.039 TB/s the same rule gave 0.743). Nothing is fitted per row;
+Narayanan et al. 2021's Table 1, measured on the same machines with the 2021 Megatron-LM,
+is predicted with the same number (tests/plan/test_step_time.py:
+test_the_calibration_is_the_zero_mean_fit_over_table5, and docs/planner.md for every row's
+error). For another device or code base fit e_max the same way (calibrate_e_max) on a set
+of its measured steps, or set it from a GEMM benchmark.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
-TILE = 128  # the A100's largest bf16 tensor-core tile edge (cuBLAS/CUTLASS 128 x 128 x 32)
-
-
-@dataclass(frozen=True)
-class GemmEfficiency:
-    """eff(M, N, K) = e_max · g(M) g(N) g(K), g(x) = x / (x + x_half) (module docstring)."""
-
-    e_max: float
-    x_half: float = TILE
-    source: str = ""
-
-    def __post_init__(self):
-        if not 0 < self.e_max <= 1:
-            raise ValueError(f"GemmEfficiency.e_max is a fraction of peak in (0, 1], got "
-                             f"{self.e_max!r}")
-        if self.x_half < 0:
-            raise ValueError(f"GemmEfficiency.x_half is a size >= 0, got {self.x_half!r}")
-
-    def g(self, x: float) -> float:
-        """x / (x + x_half): one dimension's share of the tile pipeline doing work."""
-        return x / (x + self.x_half)
-
-    def __call__(self, M: float, N: float, K: float) -> float:
-        """The fraction of peak a GEMM of [M, K] x [K, N] reaches."""
-        if min(M, N, K) <= 0:
-            raise ValueError(f"a GEMM's dimensions are positive, got M={M}, N={N}, K={K}")
-        return self.e_max * self.g(M) * self.g(N) * self.g(K)
-
-    def seconds(self, M: float, N: float, K: float, peak: float, count: float = 1) -> float:
-        """count GEMMs of [M, K] x [K, N]: 2 M N K count / (eff · peak)."""
-        return 2 * M * N * K * count / (self(M, N, K) * peak)
-
-    def with_e_max(self, e_max: float) -> "GemmEfficiency":
-        return GemmEfficiency(e_max, self.x_half, self.source)
+# the formula and the fitted number are the runtime's, whose clock charges GEMMs with them
+from ..runtime.compute_model import A100_E_MAX, TILE, GemmEfficiency
 
 
 def calibrate_e_max(errors_at: Callable[[float], Sequence[float]], lo: float = 0.2,
@@ -90,7 +61,7 @@ def calibrate_e_max(errors_at: Callable[[float], Sequence[float]], lo: float = 0
 
 
 #: fitted once as the module docstring says; tests/plan/test_step_time.py checks the fit
-A100_MEGATRON = GemmEfficiency(0.743, TILE, "e_max: zero mean error over Korthikanti et "
+A100_MEGATRON = GemmEfficiency(A100_E_MAX, TILE, "e_max: zero mean error over Korthikanti et "
                                             "al. 2022, Table 5; x_half: the A100 tile edge")
 
 DEFAULTS = {"A100-SXM-80GB": A100_MEGATRON}

@@ -20,6 +20,32 @@ exact for that architecture:
 node kind: its device (runtime.device), devices per node, the link inside a node and the
 link between nodes (runtime.topology), and the device's memory bandwidth (what elementwise
 work is bound by).
+
+A ClusterSpec's links are what the planner charges collectives at, so where a measurement
+of what NCCL reaches on them is published, they carry it rather than the wire's nominal
+rate (`achieved`; runtime.topology's presets stay nominal). Likewise elementwise work is
+charged at the HBM bandwidth a streaming kernel reaches (`achieved_memory_bandwidth`),
+where one is measured; `memory_bandwidth` stays the data sheet's (runtime.DeviceSpec's).
+The A100 (DGX A100, the node the planner is validated on: docs/planner.md) has all three:
+
+    NVLink 3     300 GB/s nominal a direction; nccl-tests' bus bandwidth reaches ~230 GB/s.
+                 NVIDIA's NCCL maintainer (nccl-tests issue 149, "Expected bandwidth
+                 results? A100 GPUs over NVLink", 2023): 12 NVLinks of 25 GB/s a direction
+                 carry ~20 GB/s each in NCCL's 128-byte SM payloads, 240 GB/s, "but some
+                 other bottlenecks on the GPUs limits it to ~230GB/s".
+    IB HDR       25 GB/s a GPU nominal; NVIDIA measures 192 GB/s all-reduce bus bandwidth
+                 on a DGX A100 with its eight 200 Gb/s NICs, 24 GB/s a GPU (NCCL issue 812,
+                 "Why Tree has better bandwidth performance than Ring on only 2 DGX-A100?",
+                 2023; and issue 412: "~24GB/s inter-node" for one HDR NIC).
+    HBM2e        2.039 TB/s on the data sheet; a streaming read kernel reaches 1.80 TB/s,
+                 88 % of it, by Nsight Compute (NVIDIA Developer Forums, "Trouble to Reach
+                 Peak Bandwidth of A100", citing a GTC talk in which the best kernel
+                 reached ~90 %).
+
+The H100, H200 and H800 presets keep the nominal figures: their NVLink all-reduce runs on
+NVLink SHARP, whose bus bandwidth (~480 GB/s on H100 by NCCL's maintainers, nccl-tests
+issue 212) is above the wire's 450 GB/s while the ring collectives reach ~370 GB/s, and
+one alpha-beta link cannot be both; no HBM measurement is used for them.
 """
 
 from __future__ import annotations
@@ -142,17 +168,41 @@ for _p, _h, _l, _a in (("1.7b", 2304, 24, 24), ("3.6b", 3072, 30, 32), ("7.5b", 
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """A kind of node: its device, how many a node, and the links inside and between."""
+    """A kind of node: its device, how many a node, and the links inside and between (as
+    NCCL drives them where that is measured: module docstring)."""
 
     name: str
     device: DeviceSpec
     gpus_per_node: int
     intra: Link
     inter: Link
-    memory_bandwidth: float  # the device's HBM, bytes/s
+    memory_bandwidth: float  # the device's HBM on its data sheet, bytes/s
+    achieved_memory_bandwidth: Optional[float] = None  # what a streaming kernel reaches
+
+    def __post_init__(self):
+        w = self.achieved_memory_bandwidth
+        if w is not None and not 0 < w <= self.memory_bandwidth:
+            raise ValueError(f"ClusterSpec {self.name!r}: achieved_memory_bandwidth is in "
+                             f"(0, memory_bandwidth = {self.memory_bandwidth:g}] bytes/s, "
+                             f"got {w!r}")
+
+    @property
+    def elementwise_bandwidth(self) -> float:
+        """Bytes/s elementwise work moves through HBM at: the measured figure, else the
+        data sheet's."""
+        return self.achieved_memory_bandwidth or self.memory_bandwidth
 
     def topology(self, nodes: int) -> Topology:
         return Topology(nodes, self.gpus_per_node, self.device, self.intra, self.inter)
+
+
+def achieved(link: Link, busbw: float) -> Link:
+    """`link` at the bus bandwidth NCCL reaches on it (nccl-tests' busbw, bytes/s a GPU and
+    direction, the quantity runtime.cost's alpha-beta formulas take), its latency kept."""
+    if not 0 < busbw <= link.bandwidth:
+        raise ValueError(f"achieved({link.name}): NCCL's bus bandwidth is in (0, "
+                         f"{link.bandwidth:g}] bytes/s, the link's nominal, got {busbw!r}")
+    return Link(link.name, busbw, link.latency)
 
 
 def _h800() -> DeviceSpec:
@@ -161,8 +211,10 @@ def _h800() -> DeviceSpec:
 
 
 CLUSTERS = {
-    "a100": ClusterSpec("DGX A100", DeviceSpec.a100_80gb(), 8, Link.nvlink3(),
-                        Link.infiniband_hdr(), 2039 * GB),
+    # NCCL's measured bus bandwidths and a streaming kernel's HBM (module docstring)
+    "a100": ClusterSpec("DGX A100", DeviceSpec.a100_80gb(), 8,
+                        achieved(Link.nvlink3(), 230 * GB),
+                        achieved(Link.infiniband_hdr(), 24 * GB), 2039 * GB, 1800 * GB),
     "h100": ClusterSpec("DGX H100", DeviceSpec.h100_sxm(), 8, Link.nvlink4(),
                         Link.infiniband_ndr(), 3350 * GB),
     "h200": ClusterSpec("HGX H200", DeviceSpec.h200(), 8, Link.nvlink4(),
@@ -187,4 +239,5 @@ def cluster(name: str) -> ClusterSpec:
     return CLUSTERS[key]
 
 
-__all__ = ["ModelSpec", "ClusterSpec", "MODELS", "CLUSTERS", "model", "cluster"]
+__all__ = ["ModelSpec", "ClusterSpec", "MODELS", "CLUSTERS", "achieved", "model",
+           "cluster"]

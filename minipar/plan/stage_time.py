@@ -72,7 +72,7 @@ class Setup:
 def setup(model, layout, cluster, gemm: GemmEfficiency, dropout: bool,
           flash_attention: bool) -> Setup:
     peak = cluster.device.peak("bfloat16" if layout.precision == "bf16" else "float32")
-    W = cluster.memory_bandwidth
+    W = cluster.elementwise_bandwidth
     sh = shape_of(model, layout, dropout)
     return Setup(sh, comm.groups_of(layout), comm.topology_of(cluster, layout), gemm, peak,
                  layer_work(sh, gemm, peak, W, flash_attention), embedding_work(sh, W),

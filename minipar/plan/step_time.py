@@ -124,8 +124,9 @@ def step_time(model: ModelSpec, layout, cluster, gemm: Optional[GemmEfficiency] 
         return cache[msg.src, msg.dst]
 
     run = pipeline_dry_run(layout.schedule, layout.pp, m, layout.chunks, durations, p2p)
-    tails = [_tail(su, layout, overlap, cluster.memory_bandwidth, run.info.stages_of(r),
-                   params, Fs, Bs, g_bytes) for r in range(layout.pp)]
+    W = cluster.elementwise_bandwidth
+    tails = [_tail(su, layout, overlap, W, run.info.stages_of(r), params, Fs, Bs, g_bytes)
+             for r in range(layout.pp)]
     ends = [run.finish[r] + sum(t.values()) for r, (t, _) in enumerate(tails)]
     r = max(range(layout.pp), key=lambda q: (ends[q], -q))
     mine = run.info.stages_of(r)

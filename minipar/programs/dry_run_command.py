@@ -6,7 +6,8 @@
 
 plan/timeline.py runs the step as parallelize would, one rank per pipeline coordinate
 (the mesh's symmetry), the model as a GPT of the preset's size (plan/sized.py), on the
-runtime's clock with the calibrated compute model (or --compute-model peak). It prints
+runtime's clock with the planner's compute model for the node (its GEMM efficiency and
+achieved HBM bandwidth; --compute-model peak: every matmul at peak, nothing else). It prints
 the step's time, each pipeline rank's GEMM, memory-bound, blocking-communication and idle
 time, its peak activations, and the step's HFU; `--trace` writes the ranks' Chrome trace
 (chrome://tracing or ui.perfetto.dev).
@@ -23,7 +24,8 @@ from ..plan.layout import Layout
 from ..plan.presets import CLUSTERS, cluster, model
 from ..plan.sized import as_gpt
 from ..plan.timeline import timeline
-from ..runtime.context import resolve_compute_model
+from ..plan.gemm import default_gemm
+from ..runtime.compute_model import ComputeModel
 from ..viz.chrome import to_chrome_trace
 from .plan_command import PLANNABLE
 
@@ -69,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     node = cluster(args.gpu)
     m = args.microbatches or 2 * args.pp
     B = args.global_batch or m * args.dp
+    # the planner's clock for this node: its GEMM calibration, its achieved HBM bandwidth
+    clock = ComputeModel(default_gemm(node.device.name), node.elementwise_bandwidth) \
+        if args.compute_model == "calibrated" else ComputeModel.peak()
     if B % (m * args.dp):
         args.parser.error(f"--global-batch {B} must split into --microbatches {m} of --dp "
                           f"{args.dp} equal blocks: give a multiple of {m * args.dp}")
@@ -81,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                         global_batch=B, sequence_parallel=args.sp, recompute=args.recompute)
         nodes = -(-layout.gpus // node.gpus_per_node)
         began = time.perf_counter()
-        tl = timeline(gpt, layout, node.topology(nodes), compute_model=args.compute_model)
+        tl = timeline(gpt, layout, node.topology(nodes), compute_model=clock)
         took = time.perf_counter() - began
     except ValueError as e:
         args.parser.error(str(e))
@@ -91,7 +96,6 @@ def run(args: argparse.Namespace) -> int:
           f"s {gpt.seq_len}, bf16) on {layout.gpus:,} x "
           f"{node.device.name}: dp {args.dp} x pp {args.pp} x tp {args.tp}"
           f"{' + SP' if args.sp else ''}, {args.schedule}, m = {m}, global batch {B}")
-    clock = resolve_compute_model(args.compute_model, node.device)
     print(f"  compute: {clock.describe()}")
     print(f"  step {tl.step_time:.3f} s simulated ({took:.2f} s to dry-run "
           f"{sum(len(r.events) for r in tl.ranks):,} events), HFU "

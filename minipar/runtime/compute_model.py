@@ -34,9 +34,10 @@ device's memory bandwidth W: it takes bytes / W, the bytes it reads and writes i
 
 The calibration (CALIBRATED_GEMM): x_half = 128, the edge of the A100's largest bf16
 tensor-core tile in cuBLAS and CUTLASS (128 x 128 x 32), is fixed, not fitted; e_max =
-0.743 is the one number fitted, once, by the planner (plan/gemm.py, A100_MEGATRON): the
-value at which the mean signed error of the planner's step time over the eight iteration
-times of Korthikanti et al. 2022, Table 5 (A100, Megatron-LM) is zero. It stands for an
+0.766 is the one number fitted, once, by the planner's rule (plan/gemm.py's calibrate_e_max;
+tests/plan/test_step_time.py checks it): the value at which the mean signed error of the
+planner's step time over the eight iteration times of Korthikanti et al. 2022, Table 5
+(A100, Megatron-LM, on the DGX A100 preset's measured links and HBM) is zero. It stands for an
 H100 or H200 too until one of their measured runs is fitted (`GemmEfficiency.with_e_max`):
 e_max is a property of the code base more than of the chip.
 """
@@ -49,7 +50,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 TILE = 128  # the A100's largest bf16 tensor-core tile edge (cuBLAS/CUTLASS 128 x 128 x 32)
-A100_E_MAX = 0.743  # fitted by plan/gemm.py (A100_MEGATRON) on Korthikanti et al.'s Table 5
+A100_E_MAX = 0.766  # fitted by plan/gemm.py's rule (A100_MEGATRON) on Korthikanti et al.'s Table 5
 
 
 @dataclass(frozen=True)

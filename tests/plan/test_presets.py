@@ -1,10 +1,13 @@
 """The planner's presets: each model's parameters counted from its published architecture
 equal the released checkpoints' counts (Llama 3, Mixtral) or the papers' formulas (GPT:
-12·l·h² for the layers); the clusters are the runtime's devices and links."""
+12·l·h² for the layers); the clusters are the runtime's devices and links, the DGX A100's
+at the bandwidths NCCL and a streaming kernel are measured to reach."""
 
 import pytest
 
-from minipar.plan.presets import CLUSTERS, MODELS, cluster, model
+from minipar.plan.presets import (CLUSTERS, MODELS, ClusterSpec, achieved, cluster,
+                                  model)
+from minipar.runtime.device import GB
 from minipar.runtime.topology import Link
 
 
@@ -44,6 +47,26 @@ def test_clusters_and_names():
         model("llama4")
     with pytest.raises(ValueError, match="unknown cluster 'tpu'"):
         cluster("tpu")
+
+
+def test_the_a100_preset_runs_at_the_measured_bandwidths():
+    """NCCL's bus bandwidth on NVLink 3 (~230 GB/s) and on a DGX A100's HDR NICs (192 GB/s
+    over 8, 24 a GPU), a streaming kernel's 1.80 TB/s of HBM: the links keep their names
+    and latencies, runtime.topology's presets stay nominal, and memory_bandwidth stays the
+    data sheet's (runtime.DeviceSpec's)."""
+    a100 = CLUSTERS["a100"]
+    assert a100.intra == Link("NVLink3", 230 * GB, Link.nvlink3().latency)
+    assert a100.inter == Link("IB-HDR200", 24 * GB, Link.infiniband_hdr().latency)
+    assert Link.nvlink3().bandwidth == 300 * GB
+    assert Link.infiniband_hdr().bandwidth == 25 * GB
+    assert a100.topology(nodes=2).intra == a100.intra
+    assert (a100.memory_bandwidth, a100.elementwise_bandwidth) == (2039 * GB, 1800 * GB)
+    h100 = CLUSTERS["h100"]  # no measurement used: the data sheet's
+    assert h100.elementwise_bandwidth == h100.memory_bandwidth == 3350 * GB
+    with pytest.raises(ValueError, match=r"bus bandwidth is in \(0, 3e\+11\]"):
+        achieved(Link.nvlink3(), 400 * GB)
+    with pytest.raises(ValueError, match="achieved_memory_bandwidth is in"):
+        ClusterSpec("x", a100.device, 8, a100.intra, a100.inter, 2039 * GB, 2500 * GB)
 
 
 def test_a_layout_checks_itself_and_counts_its_gpus_and_microbatches():

@@ -116,11 +116,13 @@ def test_tp_collectives_are_the_runtimes_costs_inside_a_node():
     assert tp_layer(sp, g, topo).forward == 2 * (ag + rs)
     # a pipeline message: 1/t of [s, b, h] a tp rank, across nodes on InfiniBand (+ the
     # scatter-gather's all-gather inside the node without SP)
-    assert p2p_message(sp, g, topo, 0, 1) == pytest.approx(5e-6 + S / 8 / 25e9)
-    assert p2p_message(sh, g, topo, 0, 1) == pytest.approx(5e-6 + S / 8 / 25e9 + ag)
+    # (the DGX A100 preset's links are at NCCL's measured bus bandwidths: 24 GB/s a GPU on
+    # InfiniBand HDR, 230 GB/s on NVLink 3)
+    assert p2p_message(sp, g, topo, 0, 1) == pytest.approx(5e-6 + S / 8 / 24e9)
+    assert p2p_message(sh, g, topo, 0, 1) == pytest.approx(5e-6 + S / 8 / 24e9 + ag)
     small = Layout(tp=2, pp=2, global_batch=4)  # both stages in one node: NVLink
     assert p2p_message(shape_of(m, small), groups_of(small), topology_of(A100, small),
-                       0, 1) == pytest.approx(1e-6 + S / 2 / 300e9 + collective_cost(
+                       0, 1) == pytest.approx(1e-6 + S / 2 / 230e9 + collective_cost(
                            "all_gather", S, range(2), topology_of(A100, small)).seconds)
 
 
@@ -239,10 +241,10 @@ def test_one_gpu_is_the_sum_of_its_compute_terms(dims, b, k, rec, dropout, flash
 KORTHIKANTI = [("22b", 8, 1, 1, 4, 4, 1.42, 1.10), ("175b", 8, 8, 3, 64, 1, 18.13, 13.75),
                ("530b", 8, 35, 3, 280, 1, 49.05, 37.83), ("1t", 8, 64, 1, 512, 1, 94.42, 71.49)]
 # minipar's signed error (percent) on each, with A100_MEGATRON; docs/planner.md's table
-TABLE5_ERRORS = {("22b", "full"): -4.7, ("22b", "selective"): -8.0,
-                 ("175b", "full"): -1.6, ("175b", "selective"): -3.8,
-                 ("530b", "full"): +3.1, ("530b", "selective"): +0.2,
-                 ("1t", "full"): +7.5, ("1t", "selective"): +6.9}
+TABLE5_ERRORS = {("22b", "full"): -1.8, ("22b", "selective"): -5.6,
+                 ("175b", "full"): -1.3, ("175b", "selective"): -4.0,
+                 ("530b", "full"): +2.3, ("530b", "selective"): -1.0,
+                 ("1t", "full"): +6.2, ("1t", "selective"): +5.3}
 
 
 def korthikanti_layout(tp, pp, v, B, b, rec) -> Layout:
@@ -264,22 +266,29 @@ def table5(e_max: float = A100_MEGATRON.e_max) -> dict:
 
 
 def test_korthikanti_table5_iteration_times():
-    """Korthikanti et al. 2022, Table 5. The brief's bar was < 3.6 % mean and < 8 % max
-    (Calculon's 3.65 % / 8.87 %); minipar reaches 4.5 % / 8.0 %: it charges the logits
-    and loss on the last pipeline stage, which costs the 1T rows ~7 % (see the docs)."""
+    """Korthikanti et al. 2022, Table 5: under the bar of < 3.6 % mean and < 8 % max
+    absolute error (Calculon's 3.65 % / 8.87 %): 3.4 % and 6.2 % (1T, full recomputation,
+    the row the stage-paced last stage slows: see the docs)."""
     errors = {k: 100 * (t - pub) / pub for k, (t, pub, _) in table5().items()}
     for key, err in errors.items():
         assert err == pytest.approx(TABLE5_ERRORS[key], abs=0.1), key
     mean_abs = sum(map(abs, errors.values())) / len(errors)
-    assert mean_abs < 4.6 and max(map(abs, errors.values())) < 8.1
+    assert mean_abs < 3.6 and max(map(abs, errors.values())) < 8
 
 
 def test_the_calibration_is_the_zero_mean_fit_over_table5():
     """gemm.py's principle: e_max such that the mean signed error over Table 5 is zero
-    (calibrate_e_max's bisection to 1e-4 gives 0.7425; the preset keeps 3 decimals)."""
-    errors = [(t - pub) / pub for t, pub, _ in table5().values()]
-    assert abs(sum(errors) / len(errors)) < 0.001
-    assert A100_MEGATRON.x_half == 128 and A100_MEGATRON.e_max == 0.743
+    (calibrate_e_max's bisection to 1e-4 gives 0.7662; the preset keeps 3 decimals), on
+    the DGX A100 preset's measured link and HBM bandwidths (presets.py)."""
+    def signed_mean(e):
+        errors = [(t - pub) / pub for t, pub, _ in table5(e).values()]
+        return sum(errors) / len(errors)
+
+    assert abs(signed_mean(A100_MEGATRON.e_max)) < 0.001
+    # the zero lies between 0.7655 and 0.7665: 0.766 is the fit to 3 decimals (the mean
+    # error falls as e_max grows)
+    assert signed_mean(0.7655) > 0 > signed_mean(0.7665)
+    assert A100_MEGATRON.e_max == 0.766 and A100_MEGATRON.x_half == 128
 
 
 @pytest.mark.parametrize("name, gpus, mfu", [("22b", 8, 41.5), ("175b", 64, 51.4),
@@ -305,9 +314,9 @@ SC21 = [("1.7b", 1, 1, 1, 16, 512, 32, 137), ("3.6b", 2, 1, 1, 16, 512, 64, 138)
         ("39.1b", 8, 2, 1, 4, 1536, 512, 138), ("76.1b", 8, 4, 3, 2, 1792, 1024, 140),
         ("145.6b", 8, 8, 2, 2, 2304, 1536, 148), ("310.1b", 8, 16, 2, 1, 2160, 1920, 155),
         ("529.6b", 8, 35, 3, 1, 2520, 2520, 163), ("1008b", 8, 64, 1, 1, 3072, 3072, 163)]
-SC21_TFLOPS = {"1.7b": 141.4, "3.6b": 144.4, "7.5b": 148.7, "18.4b": 144.9, "39.1b": 141.2,
-               "76.1b": 154.0, "145.6b": 156.2, "310.1b": 163.9, "529.6b": 170.4,
-               "1008b": 162.1}
+SC21_TFLOPS = {"1.7b": 140.4, "3.6b": 142.4, "7.5b": 145.1, "18.4b": 139.6, "39.1b": 137.5,
+               "76.1b": 151.2, "145.6b": 154.3, "310.1b": 163.4, "529.6b": 170.8,
+               "1008b": 163.3}
 
 
 def sc21_layout(tp, pp, v, b, B, gpus) -> Layout:
@@ -317,7 +326,7 @@ def sc21_layout(tp, pp, v, b, B, gpus) -> Layout:
 
 
 def test_sc21_table1_achieved_teraflops_per_gpu():
-    """Narayanan et al. 2021, Table 1: mean error 4.9 % (< 5 %), max 10.0 % (76.1B)."""
+    """Narayanan et al. 2021, Table 1: mean error 3.4 % (< 5 %), max 8.0 % (76.1B)."""
     errors = []
     for name, tp, pp, v, b, B, gpus, pub in SC21:
         st_ = step_time(MODELS["sc21-" + name], sc21_layout(tp, pp, v, b, B, gpus), A100,
@@ -328,4 +337,4 @@ def test_sc21_table1_achieved_teraflops_per_gpu():
         tflops = st_.hardware_flops / (st_.seconds * gpus) / 1e12
         assert tflops == pytest.approx(SC21_TFLOPS[name], abs=0.1), name
         errors.append(abs(tflops - pub) / pub)
-    assert sum(errors) / len(errors) < 0.05 and max(errors) < 0.101
+    assert sum(errors) / len(errors) < 0.05 and max(errors) < 0.081

@@ -202,7 +202,7 @@ def test_train_command_says_its_compute_model_and_mfu_is_not_100_percent(capsys)
     is model FLOPs / (step time x peak), below 100 %."""
     assert main(["train", *TINY_FLAGS, "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert ("compute model   calibrated: GEMM efficiency e_max 0.743 · g(M)g(N)g(K), "
+    assert ("compute model   calibrated: GEMM efficiency e_max 0.766 · g(M)g(N)g(K), "
             "g(x) = x/(x + 128), elementwise over 3.35 TB/s HBM") in out
     step = re.search(r"simulated time +([\d.]+) us a step on the device clock: matmuls "
                      r"([\d.]+) us, elementwise work ([\d.]+) us", out)

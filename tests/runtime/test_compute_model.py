@@ -81,7 +81,7 @@ def test_peak_and_calibrated_models():
     assert PEAK.elementwise_seconds(1e9) == 0.0
     h100 = ComputeModel.calibrated(DeviceSpec.h100_sxm())
     assert h100.gemm == CALIBRATED_GEMM and h100.memory_bandwidth == 3350e9
-    assert h100.describe() == ("GEMM efficiency e_max 0.743 · g(M)g(N)g(K), g(x) = x/(x + 128), "
+    assert h100.describe() == ("GEMM efficiency e_max 0.766 · g(M)g(N)g(K), g(x) = x/(x + 128), "
                                "elementwise over 3.35 TB/s HBM")
     assert PEAK.describe() == "every matmul at peak, elementwise free"
     assert CAL.elementwise_seconds(5e8) == 0.5

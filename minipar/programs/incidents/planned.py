@@ -16,9 +16,10 @@ plan.rank_memory, and each seed number is set beside the prediction:
     C  a 13B GPT (40 layers, h = 5120, Megatron's GPT-3 13B shape) on 8 H100s: ZeRO-3 with
        full recomputation against ZeRO-2 without. Seed: the first peaks 20 % higher.
 
-The planner's own errors are in docs/planner.md (its iteration times within 4.5 % of
-Korthikanti et al.'s on average, up to 8 %); congestion, stragglers and NCCL's real
-bandwidth are not modelled, so "some steps 8-10 times slower" (A) is not predictable here.
+The planner's own errors are in docs/planner.md (its iteration times within 3.4 % of
+Korthikanti et al.'s on average, up to 6.2 %); congestion, stragglers and NCCL's real
+bandwidth on H100 (the preset's links are nominal) are not modelled, so "some steps 8-10
+times slower" (A) is not predictable here.
 """
 
 from __future__ import annotations
