@@ -860,6 +860,9 @@ EXPECTED.update({
                  best_s=lambda v: v < VALUES["q105"]["sel_s"],
                  slower=lambda v: v == pytest.approx(
                      VALUES["q105"]["sel_s"] / VALUES["q105"]["best_s"] - 1)),
+    "q106": dict(dp=128, pp=16, tp=8, world=16384, ranks=16, share=16 / 16384,
+                 events=lambda v: v > 16 * 2 * 16 * 8,  # more than an event a layer pass
+                 step_s=lambda v: 1 < v < 60),
 })
 INHERENT.update({
     "q93": [{"chunks", "layers_per_rank"}],  # 105 layers in 35 x 3 stages: one a chunk
@@ -867,6 +870,7 @@ INHERENT.update({
             {"m", "gpipe_n"},  # GPipe holds m
             {"layers", "f1b_layers"}],  # the point: L layers' worth at any p
     "q98": [{"even_idle", "closed"}],  # the dry run is the closed form on equal stages
+    "q106": [{"pp", "ranks"}],  # one rank a pipeline coordinate: the point
     "q100": [{"gain", "reported_gain"}],  # the planner's gain is the reported one
 })
 

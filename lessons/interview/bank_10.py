@@ -247,6 +247,19 @@ def q105(gpus, batch):
     return out
 
 
+def q106(dp, pp, tp):
+    """The dry run at full scale: a Llama-3-405B-sized GPT on dp x pp x tp GPUs."""
+    from minipar.plan.sized import as_gpt
+    from minipar.plan.timeline import timeline
+    layout = Layout(dp=dp, pp=pp, tp=tp, schedule="interleaved_1f1b", chunks=2,
+                    global_batch=16 * dp, sequence_parallel=True, recompute="selective")
+    tl = timeline(as_gpt(MODELS["llama3-405b"]), layout, H100.topology(dp * pp * tp // 8),
+                  compute_model="calibrated")
+    events = sum(len(r.events) for r in tl.ranks)
+    return {"world": dp * pp * tp, "ranks": len(tl.ranks), "events": events,
+            "step_s": tl.step_time, "share": len(tl.ranks) / (dp * pp * tp)}
+
+
 def entry(id, given, question, answer, compute):
     return dict(id=id, lesson="10", given=given, question=question, answer=answer,
                 compute=compute)
@@ -425,4 +438,16 @@ ENTRIES = [
         "pipeline steps in {best_s:.2f} s: TP 8, PP 8 is {slower:.1%} slower, its bubble and "
         "its tensor-parallel collectives over 8 GPUs the difference.",
         q105),
+    entry(
+        "q106", dict(dp=128, pp=16, tp=8),
+        "How can a laptop time one training step of a 405B-sized model on dp {dp} x pp {pp} x "
+        "tp {tp} GPUs kernel by kernel, and what does the answer give up?",
+        "By symmetry: every rank of one pipeline coordinate runs the same program on the same "
+        "shapes, so `minipar dry-run` runs {ranks} ranks of {world:,} ({share:.2%}), one a "
+        "pipeline coordinate, each collective costed on that rank's own group: {events:,} "
+        "events, a {step_s:.2f} s step on the calibrated clock. The {ranks} are exact (on small "
+        "layouts the test holds every rank to the real simulated run, event by event, within "
+        "a nanosecond); the others are representative: a rank whose group crosses other links "
+        "than its representative's would pay more, and the dry run would not show it.",
+        q106),
 ]

@@ -30,3 +30,7 @@ def test_part_15_matches_the_ledger_and_lists_the_search():
     assert [n for n, _ in found] == ["1", "2", "3"]
     times = [float(t) for _, t in found]
     assert times == sorted(times)
+    dry = re.search(r"the dry run .* on 16,384 H100s, .*: 16 ranks stand for all .*, "
+                    r"([\d,]+) kernels, collectives and messages, a ([\d.]+) s step", out)
+    assert int(dry.group(1).replace(",", "")) > 16 * 2 * 16  # F and B of each micro-batch
+    assert 1 < float(dry.group(2)) < 60

@@ -21,6 +21,8 @@ import numpy as np
 from ...nn import GPTConfig
 from ...parallel import ParallelDims, parallelize
 from ...plan import CLUSTERS, MODELS, Layout, ModelSpec, rank_memory, search, step_time
+from ...plan.sized import as_gpt
+from ...plan.timeline import timeline
 from ...runtime.launch import launch
 from ...runtime.ledger import CATEGORIES, fmt_bytes
 from .cluster import TOPOLOGY
@@ -80,3 +82,11 @@ def planner_part(out: Print, record: Record = no_recorder) -> None:
         found = "; ".join(p.reasons) or "no finding"
         out(f"   {i}. {p.layout}: {p.time.seconds:.2f} s, MFU {p.time.mfu:.1%}, peak "
             f"{fmt_bytes(p.memory.peak)} ({found})")
+    huge = Layout(dp=128, pp=16, tp=8, schedule="interleaved_1f1b", chunks=2,
+                  global_batch=2048, sequence_parallel=True, recompute="selective")
+    tl = timeline(as_gpt(MODELS["llama3-405b"]), huge, h100.topology(huge.gpus // 8),
+                  compute_model="calibrated")
+    out(f"   the dry run (minipar dry-run): a Llama-3-405B-sized GPT on {tl.world_size:,} "
+        f"H100s, {huge}: {len(tl.ranks)} ranks stand for all (one a pipeline coordinate), "
+        f"{sum(len(r.events) for r in tl.ranks):,} kernels, collectives and messages, a "
+        f"{tl.step_time:.2f} s step on the calibrated clock")
