@@ -1,22 +1,13 @@
 """How fast a matrix multiplication runs: a fraction of the device's peak that grows with
 the GEMM's size, one small function the user can recalibrate.
 
-A GEMM C[M, N] = A[M, K] · B[K, N] performs 2·M·N·K FLOPs. Its time is
+The formula is the runtime's (runtime/compute_model.py says why it has this shape):
 
-    t = 2 M N K / (eff(M, N, K) · peak)
-    eff(M, N, K) = e_max · g(M) · g(N) · g(K),      g(x) = x / (x + x_half)
+    t = 2 M N K / (eff(M, N, K) · peak),   eff(M, N, K) = e_max · g(M) g(N) g(K),
+    g(x) = x / (x + x_half)
 
-e_max is the fraction of peak the largest GEMMs reach in a training run (the kernel's
-main loop, with everything a framework adds around it); g is the fall-off of a small
-dimension: a tensor-core kernel works on tiles, so a dimension of x_half elements wastes
-as much of each tile's pipeline (its prologue and epilogue, the partly filled last wave
-of tiles) as it uses. g is 1/2 at x = x_half and tends to 1; eff is monotone: it never
-falls when any dimension grows, and it is symmetric in M, N, K, so the two backward GEMMs
-of a layer (dX = dY·Wᵀ is [M, K] over N; dW = Xᵀ·dY is [K, N] over M) run at the
-forward's efficiency and the backward costs exactly twice the forward.
-
-    dimension x    128    256    768    1536   2048   6144   12288
-    g(x)           0.50   0.67   0.86   0.92   0.94   0.98   0.99      (x_half = 128)
+the class (GemmEfficiency) and the fitted e_max live there, since the runtime's clock
+charges GEMMs with them; this module fits e_max and names the calibration.
 
 The calibration (A100_MEGATRON, used for the A100 preset): x_half = 128, the edge of the
 A100's largest bf16 tensor-core tile in cuBLAS and CUTLASS (128 x 128 x 32), is fixed, not

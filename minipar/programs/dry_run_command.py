@@ -21,13 +21,13 @@ import time
 
 from ..parallel.pp.schedules import SCHEDULES
 from ..plan.layout import Layout
-from ..plan.presets import CLUSTERS, cluster, model
+from ..plan.presets import cluster, model
 from ..plan.sized import as_gpt
 from ..plan.timeline import timeline
 from ..plan.gemm import default_gemm
 from ..runtime.compute_model import ComputeModel
 from ..viz.chrome import to_chrome_trace
-from .plan_command import PLANNABLE
+from .plan_command import model_and_node_flags
 
 
 def add_parser(sub, arg) -> None:
@@ -37,10 +37,7 @@ def add_parser(sub, arg) -> None:
                         description="The real schedules and the runtime's cost model run "
                                     "without arithmetic: one rank per pipeline coordinate "
                                     "(docs/planner.md, 'The dry run').")
-    dr.add_argument("--model", required=True, choices=PLANNABLE, metavar="NAME",
-                    help=" | ".join(PLANNABLE))
-    dr.add_argument("--gpu", default="h100", choices=sorted(CLUSTERS),
-                    help="the node kind: its device and links (h100)")
+    model_and_node_flags(dr)
     for flag, default, what in (("--tp", 8, "tensor-parallel size (8)"),
                                 ("--pp", 1, "pipeline stages' ranks (1)"),
                                 ("--dp", 1, "data-parallel replicas, DDP (1)"),

@@ -25,6 +25,14 @@ from ..plan.search import search
 PLANNABLE = sorted(k for k, m in MODELS.items() if isinstance(m, ModelSpec))
 
 
+def model_and_node_flags(parser) -> None:
+    """--model and --gpu, as `plan` and `dry-run` take them."""
+    parser.add_argument("--model", required=True, choices=PLANNABLE, metavar="NAME",
+                        help=" | ".join(PLANNABLE))
+    parser.add_argument("--gpu", default="h100", choices=sorted(CLUSTERS),
+                        help="the node kind: its device and links (h100)")
+
+
 def add_parser(sub, arg) -> None:
     """The `plan` subcommand's flags (arg: the command's argparse types)."""
     pl = sub.add_parser("plan", help="list the layouts of N GPUs that fit a model, fastest "
@@ -32,12 +40,9 @@ def add_parser(sub, arg) -> None:
                         description="Memory first, then time: every layout of --gpus GPUs "
                                     "whose busiest rank fits the device, ranked by the "
                                     "predicted step time (docs/planner.md).")
-    pl.add_argument("--model", required=True, choices=PLANNABLE, metavar="NAME",
-                    help=" | ".join(PLANNABLE))
+    model_and_node_flags(pl)
     pl.add_argument("--gpus", required=True, type=arg.positive_int, metavar="N",
                     help="GPUs in all, nodes of 8")
-    pl.add_argument("--gpu", default="h100", choices=sorted(CLUSTERS),
-                    help="the node kind: its device and links (h100)")
     pl.add_argument("--global-batch", type=arg.positive_int, default=None, metavar="B",
                     help="sequences a step (default: 2 x --gpus)")
     pl.add_argument("--seq", type=arg.positive_int, default=None, metavar="S",
