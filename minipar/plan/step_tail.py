@@ -125,6 +125,16 @@ def step_tail(ranks: list, reps: list, model, info, shapes: list, costs: Costs,
         ranks[q].end = now[q]
 
 
+def model_states(q: int, info, shapes: list, tied: bool) -> dict:
+    """Pipeline rank q's parameters, gradients (DDP's buckets, in the model's dtype) and
+    optimizer states (AdamW's m and v in float32, float64 for a float64 model, and a 16-bit
+    model's float32 master), bytes: what the ledger holds between steps."""
+    numel = sum(buckets(q, info, shapes, tied, float("inf")))
+    e = shapes[0].itemsize
+    states = 2 * 8 if e == 8 else 2 * 4 + (4 if e == 2 else 0)
+    return {"parameters": numel * e, "gradients": numel * e, "optimizer_states": numel * states}
+
+
 def buckets(q: int, info, shapes: list, tied: bool, cap: float) -> list[int]:
     """The elements of each DDP bucket of pipeline rank q: its stages' units reversed, each
     unit's parameters reversed, a bucket closed at `cap` elements (ddp.py)."""

@@ -33,11 +33,12 @@ power-of-two nodes); a group that straddles nodes differently elsewhere would co
 there. tests/plan/test_timeline.py holds the dry run to the real simulated run of small
 layouts, event by event, to the nanosecond, on every rank.
 
-Memory over time: the micro-batches each rank holds after each action (+1 at F, -1 at B
-or W; the schedule's peak_in_flight), times a micro-batch's activations on the stage
-(`activation_bytes`, the forward's saved tensors, as the planner counts them), on top of
-the static bytes; what the saved tensors weigh is representative, when they are held is
-exact.
+Memory over time (`RankTimeline.memory()`): the model states, exact (parameters, DDP's
+gradient buckets, AdamW's moments and a 16-bit model's float32 masters: the ledger's bytes
+to the byte, a test), plus the micro-batches each rank holds after each action (+1 at F,
+-1 at B or W; the schedule's peak_in_flight) times a micro-batch's activations on the stage
+(the planner's per-layer count, plan.rank_memory): when they are held is exact, what they
+weigh is the planner's count; communication buffers are not drawn.
 
 Not modelled (refused, by name): ZeRO / FSDP engines and the distributed optimizer,
 context and expert parallelism, mixtures of experts, other architectures than the GPT's
@@ -64,7 +65,7 @@ from .pipeline_time import stage_layers
 from .presets import ModelSpec
 from .rank_memory import layer_activation_bytes
 from .stage_ops import BYTES, MATMUL, Op, StageShape, stage_ops
-from .step_tail import Costs, Representative, step_tail
+from .step_tail import Costs, Representative, model_states, step_tail
 
 ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -79,6 +80,12 @@ class RankTimeline:
     end: float = 0.0                                 # when its step ends
     in_flight: list = field(default_factory=list)    # (time, micro-batches held) after each action
     activations: list = field(default_factory=list)  # (time, their activation bytes)
+    states: dict = field(default_factory=dict)       # model states by ledger category, bytes
+
+    def memory(self) -> list:
+        """(time, bytes) after each action: the model states plus the activations held."""
+        static = sum(self.states.values())
+        return [(t, static + a) for t, a in self.activations]
 
     def busy(self, stream: str = "compute", name: Optional[str] = None) -> float:
         """Seconds of `stream` (and of events called `name`) on this rank."""
@@ -172,6 +179,8 @@ def timeline(model: ModelSpec, layout: Layout, topology: Topology, *,
     ranks = [_expand(r, reps[r], lowered[r], dry, ops, durations, info, topology, nbytes, act)
              for r in range(P)]
     step_tail(ranks, reps, model, info, shapes, costs, max_grad_norm, bucket_cap_mb)
+    for r in ranks:
+        r.states = model_states(r.pipeline_rank, info, shapes, model.tied)
     for r in ranks:
         r.events.sort(key=lambda ev: (ev.start, ev.end))
     return Timeline(ranks, max(r.end for r in ranks), dry, layout.gpus)

@@ -9,7 +9,8 @@ plan/timeline.py runs the step as parallelize would, one rank per pipeline coord
 runtime's clock with the planner's compute model for the node (its GEMM efficiency and
 achieved HBM bandwidth; --compute-model peak: every matmul at peak, nothing else). It prints
 the step's time, each pipeline rank's GEMM, memory-bound, blocking-communication and idle
-time, its peak activations, and the step's HFU; `--trace` writes the ranks' Chrome trace
+time, its peak activations and memory (model states plus activations), and the step's
+HFU; `--trace` writes the ranks' Chrome trace
 (chrome://tracing or ui.perfetto.dev).
 """
 
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
           f"{flops / (tl.step_time * layout.gpus * peak):.1%} (the matmuls run, "
           f"recomputation included, over the step's peak FLOPs)")
     print(f"  {'pp rank':>7} {'matmul':>9} {'memory':>9} {'comm':>9} {'idle':>9} "
-          f"{'peak act.':>10}")
+          f"{'peak act.':>10} {'peak mem.':>10}")
     for r in tl.ranks:
         gemm = r.busy("compute", "matmul")
         kernels = sum(e.duration for e in r.events if e.stream == "compute"
@@ -107,13 +108,15 @@ def run(args: argparse.Namespace) -> int:
         comm = sum(e.duration for e in r.events if e.stream == "comm")
         idle = tl.step_time - kernels - comm
         act = max((a for _, a in r.activations), default=0.0)
+        mem = max((m for _, m in r.memory()), default=0.0)
         print(f"  {r.pipeline_rank:>7} {gemm:>8.3f}s {kernels - gemm:>8.3f}s {comm:>8.3f}s "
-              f"{idle:>8.3f}s {act / 2**30:>6.1f} GiB")
-    worst = max(max((a for _, a in r.activations), default=0.0) for r in tl.ranks)
+              f"{idle:>8.3f}s {act / 2**30:>6.1f} GiB {mem / 2**30:>6.1f} GiB")
+    worst = max(max((m for _, m in r.memory()), default=0.0) for r in tl.ranks)
     if worst > node.device.memory_bytes:
-        print(f"  activations alone reach {worst / 1e9:,.0f} GB of the device's "
-              f"{node.device.memory_bytes / 1e9:,.0f}: this layout does not fit (try --sp, "
-              f"--recompute selective, more pp; `minipar plan` counts every category)")
+        print(f"  model states (DDP: every replica holds them whole) and activations reach "
+              f"{worst / 1e9:,.0f} GB of the device's {node.device.memory_bytes / 1e9:,.0f}: "
+              f"this layout does not fit (more pp, --sp, --recompute; ZeRO and the "
+              f"distributed optimizer, which `minipar plan` searches, shard the states)")
     print("  matmul: GEMMs; memory: memory-bound kernels (norms, softmax, GeLU, dropout, "
           "the loss, AdamW); comm: blocking collectives and DDP's buckets; idle: the "
           "bubble and p2p waits. One rank per pipeline coordinate, exact for it "

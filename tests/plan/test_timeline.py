@@ -7,7 +7,7 @@ size (so groups cross NVLink or InfiniBand) and the clock's compute model (peak:
 only; calibrated: each GEMM at its shape's efficiency and every memory-bound op, the
 optimizer's step included, by its bytes), runs one `parallelize(...).train_step` on the
 simulated runtime after a barrier, and holds every rank's trace to the dry run's events of
-its pipeline rank: the same kernels (GEMMs and memory-bound ops), collectives, sends and
+its pipeline rank, and its ledger's model states to the dry run's: the same kernels (GEMMs and memory-bound ops), collectives, sends and
 receives, with the same FLOPs and bytes, each starting and ending within a nanosecond (the dry run runs one rank per
 pipeline coordinate: the others must match it too). A planted bug in the op list fails.
 """
@@ -34,7 +34,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2") + V_SCHEDULE
 
 def real_step(cfg, dims, B, topology, compute_model=None, **kw):
     """Per global rank: (its clock after the barrier, its events of one train_step, its
-    coordinate on the mesh)."""
+    coordinate on the mesh, with its ledger's model states after the step)."""
     def program(ctx):
         run = parallelize(cfg, dims, placement="any", lr=1e-3, **kw)
         rng = np.random.default_rng(0)
@@ -44,7 +44,9 @@ def real_step(cfg, dims, B, topology, compute_model=None, **kw):
         ctx.trace.clear()
         run.train_step(ids, tgt)
         ctx.resolve_pending()
-        return t0, list(ctx.trace.events), run.groups.coordinate
+        held = {c: ctx.ledger.held(c) for c in ("parameters", "gradients",
+                                                 "optimizer_states")}
+        return t0, list(ctx.trace.events), {**run.groups.coordinate, "held": held}
 
     return mp.launch(program, dims.world_size, topology=topology, compute_model=compute_model)
 
@@ -89,6 +91,7 @@ def check(cfg, dims, B, gpus_per_node=8, max_grad_norm=None, compute_model=None,
         if where["tp"] == where["dp_replicate"] == 0:
             assert tl.ranks[pp].rank == rank  # the representative is the real rank
         assert_same(events, t0, tl.ranks[pp].events, f"rank {rank} (pipeline rank {pp})")
+        assert tl.ranks[pp].states == where["held"], f"rank {rank}: model states"
     return tl, res
 
 
