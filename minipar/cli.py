@@ -18,6 +18,7 @@
     minipar dry-run --model NAME [--gpu G] [--tp N] [--pp N] [--dp N] [--microbatches N]
                     [--chunks N] [--global-batch N] [--seq N] [--schedule NAME] [--sp]
                     [--recompute MODE] [--compute-model calibrated|peak] [--trace PATH]
+    minipar demo [--out demo.html] [--layout DPxTPxPP ...]   (architecture mode only)
     minipar lessons [list | open NN | build [--check] [--force] [NN ...] | corpus [NN ...]]
     minipar grade NN [--impl exercise|solution|PATH] [--time-limit SECONDS]
     minipar --version
@@ -41,7 +42,7 @@ from .course.grading import TIME_LIMIT
 from .parallel.pp import SCHEDULES
 from .programs import examples, lessons, train_command
 from .programs import arguments as arg
-from .programs import dry_run_command, plan_command
+from .programs import demo_command, dry_run_command, plan_command
 from .programs.incidents import INCIDENTS, get
 from .programs.tour import MAX_MEGABYTES, run_tour, tour_nbytes
 
@@ -346,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=_train, parser=tr)
     plan_command.add_parser(sub, arg)
     dry_run_command.add_parser(sub, arg)
+    demo_command.add_parser(sub, _output_path)
     return p
 
 
