@@ -1,6 +1,7 @@
 """What one pipeline stage of a tensor-parallel GPT runs, kernel by kernel: the list of
-matmuls and collectives the real program issues for one micro-batch, in its order, with
-their sizes, and the parameters the stage holds, in the order its engine buckets them.
+matmuls, memory-bound kernels and collectives the real program issues for one
+micro-batch, in its order, with their sizes, and the parameters the stage holds, in the
+order its engine buckets them.
 
 This is the event model of the dry run (timeline.py): `parallel.mesh.parallelize` runs a
 TensorParallelGPT (parallel/tp) through a PipelineRunner (parallel/pp); each F, B, I and
@@ -28,6 +29,14 @@ the dtype's bytes), d = h/a, and collectives only when t > 1:
                               B  lm_head as a column-parallel linear; SP: AR(2h·e) (ln_f),
                                  where the head's unit ends (with one stage: after the
                                  embedding's backward, the unsplit root's end)
+
+Between them run the memory-bound kernels nn charges by their bytes (nn/memory_bound.py,
+on this rank's shapes; N the local residual stream, S = b·(a/t)·s² scores, r the mask):
+a LayerNorm before each column-parallel input (2eN; 5eN back), softmax after q@k^T (2eS;
+3eS back) and its dropout when p > 0 ((2e + r)S), the q, k, v and context layouts after
+p@v (2e·4Th/t), dropout_add after each row-parallel output ((3e + r)N; (6e + r)N back),
+GeLU after fc1 (2e·Tf/t; 4e back), the embedding after its all-reduce ((5e + r)N), the
+cross-entropy after the head's three all-reduces ((e + c)·TV/t).
 
 (M, N, K) of a GEMM C[M, N] = A[M, K] B[K, N]: a linear y = x Wᵀ of [T, in] -> [T, out]
 is (T, out, in); its dgrad dx = dy W (T, in, out); its wgrad dW = dyᵀ x (out, in, T).

@@ -32,22 +32,23 @@ from typing import Optional
 from ..runtime import cost as cost_model
 from ..runtime.topology import Topology
 from ..runtime.trace import Event
+from .comm_time import groups_of
 from .stage_ops import stage_units
 
 MIB = 2 ** 20
 
 
 class Representative:
-    """Pipeline rank i's rank at tp = dp = 0 and its groups (global ranks, sorted)."""
+    """Pipeline rank i's rank at tp = dp = 0 and its groups (global ranks, sorted), in the
+    rank order the planner's communication model uses (comm_time.groups_of)."""
 
     def __init__(self, layout, i: int):
-        t, dp, pp = layout.tp, layout.dp, layout.pp
-        self.rank = i * t * dp
-        self.tp = tuple(range(self.rank, self.rank + t))
-        self.dp = tuple(self.rank + t * j for j in range(dp))
-        self.pp = tuple(q * t * dp for q in range(pp))
-        self.model_parallel = tuple(sorted(q * t * dp + k for q in range(pp)
-                                           for k in range(t)))
+        g = groups_of(layout)
+        self.rank = g.pipeline_rank(i)
+        self.tp = tuple(self.rank + r for r in g.tp)
+        self.dp = tuple(self.rank + r for r in g.dp_cp)  # cp = 1 here
+        self.pp = tuple(g.pipeline_rank(q) for q in range(layout.pp))
+        self.model_parallel = tuple(sorted(q + r for q in self.pp for r in g.tp))
 
 
 class Costs:

@@ -11,13 +11,15 @@ What runs. The GPT of `model` (a plain GPT ModelSpec: GeLU MLP, multi-head atten
 biases, LayerNorm, learned positions; plan/sized.py makes one of any preset's size) under
 `parallel.mesh.parallelize(cfg, ParallelDims(dp_replicate=dp, pp=pp, tp=tp), zero=0,
 schedule=..., microbatches=m, chunks=v, sequence_parallel=...)`, and one `train_step` of B
-sequences (m = B / (b·dp) micro-batches of b): each pipeline rank's lowered list (parallel/pp) runs F, B, I and W actions,
-each the kernels of stage_ops.py; then the rank waits for its sends, sums a tied wte's two
+sequences (m = B / (b·dp) micro-batches of b): each pipeline rank's lowered list
+(parallel/pp) runs F, B, I and W actions, each the kernels of stage_ops.py; then the rank waits for its sends, sums a tied wte's two
 copies' gradients over the embedding group, all-reduces its DDP buckets over dp (launched
 together, serial on the dp stream), and the pp group broadcasts the loss; with clipping,
 the squares of the gradients are all-reduced over tp x pp. The clock is the runtime's
 (runtime/clock.py, runtime/p2p.py), the costs are runtime/cost.py's on the topology's
-links, and the matmuls are charged as nn/matmul.py charges them.
+links, and the kernels are charged by the runtime's compute model (`compute_model`: each
+GEMM at its shape's efficiency, memory-bound work by its bytes; peak: matmuls only, at
+peak), as nn charges them.
 
 Ranks sit in ParallelDims' default order (tp fastest, then dp, then pp): pipeline rank i's
 representative is global rank i·tp·dp, its tp group the tp ranks from there, its dp
