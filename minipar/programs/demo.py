@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Iterable
+from typing import Callable, Iterable, Optional
 
 from ..parallel.mesh import ParallelDims, ParallelGroups
 from ..runtime.launch import launch
 from ..viz.demo import render_page
+from .demo_plan import plan
+from .demo_run import run
+from .demo_scenario import BASE, CHOICES as SCENARIO_CHOICES, MAX_RUN_GPUS, RECOMPUTE, \
+    SCHEDULES, SEED_LAYOUTS, Scenario, embedded
 
 #: GPUs in a node, as in the planner's presets (NVLink inside a node, InfiniBand between)
 GPUS_PER_NODE = 8
@@ -80,22 +84,67 @@ def layout_data(dp: int, tp: int, pp: int, key: str = "", title: str = "",
             "nodes": math.ceil(world / gpus_per_node), "ranks": ranks}
 
 
-def demo_data(extra: Iterable[tuple[int, int, int]] = ()) -> dict:
-    """Everything the page embeds: the presets, any extra layouts, the choices, captions."""
+def compact(x, digits: int = 6):
+    """x with every float rounded to `digits` significant digits (the page's JSON is a
+    tenth of the size; times and bytes keep more precision than any pixel or label)."""
+    if isinstance(x, float):
+        return float(f"{x:.{digits}g}") if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: compact(v, digits) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [compact(v, digits) for v in x]
+    return x
+
+
+def scenario_data(s: Scenario) -> dict:
+    """One scenario's page data: a real run of the tiny model, or the 70B's dry run or plan."""
+    return compact(run(s) if s.model == "tiny" else plan(s))
+
+
+def demo_data(extra: Iterable[tuple[int, int, int]] = (), scenarios: Optional[Iterable[
+        Scenario]] = None, progress: Optional[Callable[[int, int, str], None]] = None,
+        served: bool = False) -> dict:
+    """Everything the page embeds: the architecture mode's presets and any extra layouts,
+    the choices and captions, and the scenarios of the other three modes (default: the
+    embedded set, demo_scenario.embedded); progress(i, n, key) after each scenario."""
     layouts = [layout_data(dp, tp, pp, key, title) for key, title, dp, tp, pp in PRESETS]
     seen = {(d["dp"], d["tp"], d["pp"]) for d in layouts}
     for dp, tp, pp in extra:
         if (dp, tp, pp) not in seen:
             seen.add((dp, tp, pp))
             layouts.append(layout_data(dp, tp, pp))
+    todo = list(embedded() if scenarios is None else scenarios)
+    computed = {}
+    for i, s in enumerate(todo):
+        computed[s.key] = scenario_data(s)
+        if progress is not None:
+            progress(i + 1, len(todo), s.key)
     return {"layouts": layouts, "choices": {k: list(v) for k, v in CHOICES.items()},
             "gpus_per_node": GPUS_PER_NODE, "max_gpus": MAX_GPUS, "captions": CAPTIONS,
-            "order": "tp-cp-ep-dp-pp"}
+            "order": "tp-cp-ep-dp-pp", "scenarios": computed,
+            "base": {m: BASE[m].key for m in BASE}, "controls": controls(),
+            "served": served}
 
 
-def write_demo(path: str, extra: Iterable[tuple[int, int, int]] = ()) -> dict:
+def controls() -> dict:
+    """What the scenario controls offer, per model (the page greys out what check refuses)."""
+    layouts = {m: [list(x) for x in SEED_LAYOUTS[m]] for m in SEED_LAYOUTS}
+    return {"models": {"tiny": "tiny GPT (executed: a real run)",
+                       "70b": "Llama 3 70B-sized (dry run / planner)"},
+            "dp": {"tiny": [1, 2, 4], "70b": [1, 2, 4, 8, 16]},
+            "tp": {"tiny": [1, 2, 4], "70b": [1, 2, 4, 8]},
+            "pp": {"tiny": [1, 2, 4], "70b": [1, 2, 3, 4]},
+            "microbatches": {m: list(v) for m, v in SCENARIO_CHOICES["microbatches"].items()},
+            "chunks": [1, 2], "schedule": list(SCHEDULES), "zero": [0, 1, 2, 3],
+            "recompute": list(RECOMPUTE), "seed_layouts": layouts,
+            "max_run_gpus": MAX_RUN_GPUS}
+
+
+def write_demo(path: str, extra: Iterable[tuple[int, int, int]] = (),
+               scenarios: Optional[Iterable[Scenario]] = None,
+               progress: Optional[Callable[[int, int, str], None]] = None) -> dict:
     """Write the self-contained page to `path`; return the data it embeds."""
-    data = demo_data(extra)
+    data = demo_data(extra, scenarios, progress)
     with open(path, "w", encoding="utf-8") as f:
         f.write(render_page(data))
     return data

@@ -89,24 +89,34 @@ def split_step(events: list[Event], t0: float, T: float, bandwidth: dict[str, fl
     out = {"compute": sum(b - a for a, b in compute)}
     for name in links or []:
         out[name] = 0.0
-    # idle stretches of the compute stream: [t0, end] minus the compute union
-    gaps, t = [], t0
-    for a, b in compute:
-        if a > t:
-            gaps.append((t, a))
-        t = max(t, b)
-    if end > t:
-        gaps.append((t, end))
+    # one sweep over every boundary: between two consecutive ones, the compute stream is
+    # busy or not and the same transfers are on the wire (O(n log n), a long trace's step)
+    points = sorted({t0, end} | {x for a, b in compute for x in (a, b)}
+                    | {x for a, b, _ in wire for x in (a, b) if t0 < x < end})
+    starts = sorted((a, i) for i, (a, _, _) in enumerate(wire))
+    ends = sorted((b, i) for i, (_, b, _) in enumerate(wire))
+    active: dict[str, int] = {}
+    si = ei = ci = 0
     idle = 0.0
-    for ga, gb in gaps:
-        cuts = sorted({ga, gb} | {x for a, b, _ in wire for x in (a, b) if ga < x < gb})
-        for a, b in zip(cuts, cuts[1:]):
-            mid = (a + b) / 2
-            on = [name for wa, wb, name in wire if wa <= mid < wb]
-            if on:
-                slowest = min(on, key=lambda n: (link_speed(n, bandwidth), n))
-                out[slowest] = out.get(slowest, 0.0) + (b - a)
-            else:
-                idle += b - a
+    for a, b in zip(points, points[1:]):
+        while si < len(starts) and starts[si][0] <= a:
+            name = wire[starts[si][1]][2]
+            active[name] = active.get(name, 0) + 1
+            si += 1
+        while ei < len(ends) and ends[ei][0] <= a:
+            name = wire[ends[ei][1]][2]
+            active[name] -= 1
+            if not active[name]:
+                del active[name]
+            ei += 1
+        while ci < len(compute) and compute[ci][1] <= a:
+            ci += 1
+        if ci < len(compute) and compute[ci][0] <= a:
+            continue  # computing: counted in the union above
+        if active:
+            slowest = min(active, key=lambda n: (link_speed(n, bandwidth), n))
+            out[slowest] = out.get(slowest, 0.0) + (b - a)
+        else:
+            idle += b - a
     out["idle"] = idle
     return out

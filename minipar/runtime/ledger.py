@@ -7,6 +7,11 @@ The ledger is bookkeeping, not an allocator: code that keeps an array on a devic
 with `hold(name, array_or_nbytes, category)` and `release(name)`. Going over the device's
 capacity raises `SimulatedOutOfMemoryError` with the breakdown, the way a CUDA OOM reports
 what is allocated.
+
+`record_history(now)` also keeps, from then on, one (time, category, bytes held in that
+category) entry per hold and release, stamped with `now()` (a rank's clock: torch's
+`torch.cuda.memory._record_memory_history` does the same for its allocator); `minipar demo`
+draws memory over a step from it.
 """
 
 from __future__ import annotations
@@ -80,6 +85,8 @@ class MemoryLedger:
         self._total = 0
         self._peak_total = 0
         self._serial = 0
+        self._now = None  # record_history's clock, when recording
+        self.history: list[tuple[float, str, int]] = []
 
     # ---- holding and releasing ------------------------------------------------------
     def hold(self, name: str, size: Union[int, np.ndarray], category: str = "other") -> str:
@@ -100,6 +107,8 @@ class MemoryLedger:
         self._total += nb
         self._peak[category] = max(self._peak[category], self._current[category])
         self._peak_total = max(self._peak_total, self._total)
+        if self._now is not None:
+            self.history.append((self._now(), category, self._current[category]))
         return name
 
     def hold_unique(self, prefix: str, size: Union[int, np.ndarray], category: str) -> str:
@@ -116,6 +125,8 @@ class MemoryLedger:
                            f"live: {sorted(self._live)[:10]}") from None
         self._current[alloc.category] -= alloc.nbytes
         self._total -= alloc.nbytes
+        if self._now is not None:
+            self.history.append((self._now(), alloc.category, self._current[alloc.category]))
         return alloc.nbytes
 
     @contextlib.contextmanager
@@ -127,6 +138,15 @@ class MemoryLedger:
             yield name
         finally:
             self.release(name)
+
+    def record_history(self, now) -> None:
+        """From now on, append (now(), category, bytes held in it) to `history` at every hold
+        and release; `now` is a function of no arguments (e.g. `lambda: ctx.clock.now`);
+        None stops recording."""
+        if now is not None and not callable(now):
+            raise TypeError(f"rank {self.rank}: record_history takes a function returning "
+                            f"the time (e.g. lambda: ctx.clock.now), got {now!r}")
+        self._now = now
 
     # ---- reading ------------------------------------------------------------------
     def held(self, category: Optional[str] = None) -> int:

@@ -241,6 +241,17 @@ def _dominant(row: Sequence[Event], starts: Sequence[float], longest: float,
     return best
 
 
+def cell_states(row: Sequence[Event], lo: float, hi: float, width: int) -> list[str]:
+    """One rank's `width` cells over [lo, hi]: "compute", "comm", "overlap" or "idle" each,
+    by the rule of the module docstring (render_timeline draws them; minipar demo too)."""
+    comp, comm, both = (_Coverage(x) for x in _split(row, lo, hi))
+    out = []
+    for i in range(width):
+        a, b = lo + (hi - lo) * i / width, lo + (hi - lo) * (i + 1) / width
+        out.append(_state(comp.covered(a, b), comm.covered(a, b), both.covered(a, b), b - a))
+    return out
+
+
 def render_timeline(events, world_size: int, width: int = 72, start: Optional[float] = None,
                     end: Optional[float] = None, symbols: Optional[Symbols] = None,
                     ascii: bool = False) -> str:
@@ -266,12 +277,9 @@ def render_timeline(events, world_size: int, width: int = 72, start: Optional[fl
         row = sorted(row, key=lambda e: e.start)
         starts = [e.start for e in row]
         longest = max((e.end - e.start for e in row), default=0.0)
-        comp, comm, both = (_Coverage(x) for x in _split(row, lo, hi))
         cells = []
-        for i in range(width):
+        for i, state in enumerate(cell_states(row, lo, hi, width)):
             a, b = lo + (hi - lo) * i / width, lo + (hi - lo) * (i + 1) / width
-            c, m, o = comp.covered(a, b), comm.covered(a, b), both.covered(a, b)
-            state = _state(c, m, o, b - a)
             ch = glyphs[state]
             if symbol_of is not None and state != "idle":
                 e = _dominant(row, starts, longest, a, b, want_compute=(state == "compute"))

@@ -308,3 +308,31 @@ def test_holding_arrays_matches_their_nbytes(shapes):
     for i, a in enumerate(arrays):
         L.hold(f"a{i}", a, "activations")
     assert L.held("activations") == sum(a.nbytes for a in arrays)
+
+
+@given(st.lists(st.tuples(st.sampled_from(CATEGORIES), st.integers(0, 1000), st.booleans()),
+                max_size=20))
+def test_the_history_replays_to_what_is_held(ops):
+    """record_history: each hold and release adds (now(), category, held in it after); the
+    last entry of each category is what the ledger holds, and entries carry the clock's time."""
+    L, clock = MemoryLedger(), [0.0]
+    L.hold("before", 7, "other")  # not recorded: recording starts below
+    L.record_history(lambda: clock[0])
+    names = []
+    for i, (cat, nb, release) in enumerate(ops):
+        clock[0] = float(i)
+        if release and names:
+            L.release(names.pop())
+        else:
+            names.append(L.hold(f"x{i}", nb, cat))
+    assert len(L.history) == len(ops)
+    assert [t for t, _, _ in L.history] == [float(i) for i in range(len(ops))]
+    for c in CATEGORIES:
+        last = [b for _, k, b in L.history if k == c]
+        if last:
+            assert last[-1] == L.held(c)
+    L.record_history(None)
+    L.hold("after", 1, "other")
+    assert len(L.history) == len(ops)
+    with pytest.raises(TypeError, match="record_history takes a function"):
+        L.record_history(3.0)
