@@ -18,7 +18,7 @@
     minipar dry-run --model NAME [--gpu G] [--tp N] [--pp N] [--dp N] [--microbatches N]
                     [--chunks N] [--global-batch N] [--seq N] [--schedule NAME] [--sp]
                     [--recompute MODE] [--compute-model calibrated|peak] [--trace PATH]
-    minipar demo [--out demo.html] [--layout DPxTPxPP ...]   (architecture mode only)
+    minipar demo [--out demo.html | --serve [--port P]] [--layout DPxTPxPP ...]
     minipar lessons [list | open NN | build [--check] [--force] [NN ...] | corpus [NN ...]]
     minipar grade NN [--impl exercise|solution|PATH] [--time-limit SECONDS]
     minipar --version

@@ -73,3 +73,13 @@ def _run_lesson(path: str) -> LessonRun:
 def run_lesson():
     """run_lesson(path) -> LessonRun, each lesson file run once per test process."""
     return _run_lesson
+
+
+@pytest.fixture(scope="session")
+def demo_page(tmp_path_factory):
+    """`minipar demo`'s page, written once a session (about 10 s: the embedded scenarios'
+    real runs and dry runs), with the 4x2x2 layout added: (path, the data it embeds)."""
+    from minipar.programs.demo import write_demo
+    path = tmp_path_factory.mktemp("demo") / "demo.html"
+    data = write_demo(str(path), [(4, 2, 2)])
+    return path, data

@@ -256,7 +256,8 @@ def _expand(r: int, rep: Representative, row: list, dry: DryRun, ops: dict,
             ev.append(Event(rep.rank, "p2p", "send", span.start, span.end, nbytes=nbytes,
                             group=(rep.rank, peer), label=f"to {peer}",
                             meta={"sent_bytes": nbytes,
-                                  "link": topo.link(rep.rank, peer).name}))
+                                  "link": topo.link(rep.rank, peer).name, "message": str(a),
+                                  "stage": a.stage, "microbatch": a.microbatch}))
         else:
             src = a.stage - 1 if a.kind is RECV_F else a.stage + 1
             sent = sends[(src, SEND_F if a.kind is RECV_F else SEND_B, a.microbatch)]

@@ -70,17 +70,14 @@ def resample(times: Sequence[float], totals: Sequence[dict], n: int) -> tuple[li
 
 def memory_series(start: dict, history: Sequence[tuple], t0: float, T: float) -> dict:
     """{"t": [...], category: [...]} from the bytes held at t0 and a ledger's history
-    (time, category, held after), times from the step's start, resampled."""
+    (time, category, held after), times from the step's start (a time may repeat: what
+    was held and released at one instant), resampled."""
     now = {c: int(start.get(c, 0)) for c in CATEGORIES}
     times, totals = [0.0], [dict(now)]
     for t, c, held in history:
         now[c] = int(held)
-        t = min(max(t - t0, 0.0), T)
-        if t == times[-1]:
-            totals[-1] = dict(now)
-        else:
-            times.append(t)
-            totals.append(dict(now))
+        times.append(min(max(t - t0, 0.0), T))  # several at one time: a held-and-freed
+        totals.append(dict(now))                # scratch buffer is still a peak
     times.append(T)
     totals.append(dict(now))
     times, totals = resample(times, totals, MEMORY_POINTS)
@@ -135,9 +132,11 @@ def journey(events: dict, groups: dict, t0: float) -> list[dict]:
         for e in evs:
             if e.stream == "compute" or e.stream == "recv":
                 continue
-            if e.stream == "p2p":  # a send goes out when the action that made it ends
-                owner = max((s for s in spans if s.end <= e.start), default=None,
-                            key=lambda s: s.end)
+            if e.stream == "p2p":  # the action whose output (or input's gradient) it sends
+                made = ("F",) if "SEND_F" in e.meta.get("message", "") else ("B", "I")
+                owner = next((s for s in spans if s.meta["kind"] in made
+                              and s.meta["stage"] == e.meta.get("stage")
+                              and s.meta["microbatch"] == e.meta.get("microbatch")), None)
             else:
                 owner = next((s for s in spans if s.start <= e.start < s.end), None)
             kind = group_kind(e, groups[r])

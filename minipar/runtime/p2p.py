@@ -32,8 +32,11 @@ def _peer(ctx: Context, peer: int, what: str, kind: str, group: Optional[Process
             f"{what} is a global rank other than {ctx.rank}")
 
 
-def isend(x, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Work:
-    """Start sending x to `dst`; the message costs a + V/B on this rank's p2p stream."""
+def isend(x, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0, *,
+          meta: Optional[dict] = None) -> Work:
+    """Start sending x to `dst`; the message costs a + V/B on this rank's p2p stream.
+    meta: what the send's trace event also records (a pipeline's runner names the
+    message, e.g. {"message": "0SEND_F1", "stage": 0, "microbatch": 1})."""
     ctx = rank_context("send")
     _peer(ctx, dst, "dst", "send", group)
     x = as_array(x, ctx, "send")
@@ -45,7 +48,8 @@ def isend(x, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> Wo
     handle = ctx.backend.send(ctx.rank, x, dst, tag, end, where)
     ctx.trace.record(Event(ctx.rank, "p2p", "send", start, end, nbytes=x.nbytes,
                            group=(ctx.rank, dst), label=f"to {dst}",
-                           meta={"sent_bytes": x.nbytes, "link": link.name, "where": where}))
+                           meta={"sent_bytes": x.nbytes, "link": link.name, "where": where,
+                                 **(meta or {})}))
 
     def finish():
         handle.wait()  # rendezvous: until dst has posted the matching recv

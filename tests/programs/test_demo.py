@@ -51,7 +51,7 @@ def test_parallel_groups_follow_the_rule_the_page_uses(dp, tp, pp):
 
 
 def test_the_data_holds_the_seeds_layouts_first_and_each_extra_once():
-    data = demo_data([(4, 2, 2), (2, 4, 3), (4, 2, 2)])
+    data = demo_data([(4, 2, 2), (2, 4, 3), (4, 2, 2)], scenarios=[])
     keys = [layout["key"] for layout in data["layouts"]]
     assert keys == [p[0] for p in PRESETS] + ["4x2x2"]
     assert data["gpus_per_node"] == 8 and set(data["captions"]) == {"dp", "tp", "pp"}
@@ -70,8 +70,8 @@ def test_a_bad_layout_says_what_to_write(text, says):
         parse_layout(text)
 
 
-def test_the_page_is_self_contained_and_carries_its_data_back():
-    data = demo_data()
+def test_the_page_is_self_contained_and_carries_its_data_back(demo_page):
+    data = json.loads(json.dumps(demo_page[1]))
     data["captions"]["tp"] = "a pan </script><script>alert(1)</script> & more"
     page = render_page(data)
     assert "{{" not in page
@@ -80,16 +80,19 @@ def test_the_page_is_self_contained_and_carries_its_data_back():
     block = re.search(r'<script type="application/json" id="demo-data">(.*?)</script>',
                       page, re.S).group(1)
     assert json.loads(block) == data
-    assert "not built yet" in page
 
 
-def test_minipar_demo_writes_the_page(tmp_path, capsys):
+def test_minipar_demo_writes_the_page(tmp_path, capsys, monkeypatch):
+    """The command end to end, with two scenarios embedded (the whole set: demo_page)."""
+    from minipar.programs import demo
+    from minipar.programs.demo_scenario import BASE
+    monkeypatch.setattr(demo, "embedded", lambda: [BASE["tiny"], BASE["70b"]])
     out = tmp_path / "demo.html"
     assert main(["demo", "--out", str(out), "--layout", "4x2x2"]) == 0
     page = out.read_text(encoding="utf-8")
     assert '"key":"4x2x2"' in page and '"key":"kitchen"' in page
     said = capsys.readouterr().out
-    assert "wrote" in said and "not built yet" in said
+    assert "wrote" in said and BASE["tiny"].key in page and BASE["70b"].key in page
 
 
 @pytest.mark.parametrize("argv", [["--layout", "2x4"], ["--layout", "64x8x8"],

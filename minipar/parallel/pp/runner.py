@@ -262,7 +262,9 @@ class PipelineRunner:
     def _send(self, a, msg, outgoing: dict, pending: list) -> None:
         """isend what a SEND moves; its Work is waited at the end of the list."""
         x = outgoing.pop((a.stage, a.microbatch, a.kind))
-        pending.append(isend(x, self.group.ranks[msg.dst], self.group, msg.tag))
+        pending.append(isend(x, self.group.ranks[msg.dst], self.group, msg.tag,
+                             meta={"message": str(a), "stage": a.stage,
+                                   "microbatch": a.microbatch}))
 
     def _compute(self, a, micro: list, streams: dict, losses: dict, tensors: tuple,
                  pair: Optional[OverlapFB]) -> None:
