@@ -76,10 +76,21 @@ def run_lesson():
 
 
 @pytest.fixture(scope="session")
-def demo_page(tmp_path_factory):
-    """`minipar demo`'s page, written once a session (about 10 s: the embedded scenarios'
-    real runs and dry runs), with the 4x2x2 layout added: (path, the data it embeds)."""
+def demo_page(tmp_path_factory, worker_id):
+    """`minipar demo`'s page with the 4x2x2 layout added: (path, the data it embeds). It
+    takes about 10 s (the embedded scenarios' real runs and dry runs), so it is written
+    once for the whole run: the xdist workers share it through a lock file."""
+    import fcntl
+    import json
+
     from minipar.programs.demo import write_demo
-    path = tmp_path_factory.mktemp("demo") / "demo.html"
-    data = write_demo(str(path), [(4, 2, 2)])
+    root = tmp_path_factory.getbasetemp()  # this run's, and with xdist its workers' parent
+    root = root if worker_id == "master" else root.parent
+    path, saved = root / "demo.html", root / "demo.json"
+    with open(root / "demo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker writes; the others wait, then read
+        if not saved.exists():
+            data = write_demo(str(path), [(4, 2, 2)])
+            saved.write_text(json.dumps(data), encoding="utf-8")
+        data = json.loads(saved.read_text(encoding="utf-8"))
     return path, data

@@ -21,6 +21,10 @@
 #
 # Run this file with `python lessons/02_data_parallel/lesson.py`, or open it as a notebook.
 # Every number below is computed by minipar on simulated devices.
+#
+# To see it: `minipar demo` writes a page; its **data** mode (`demo.html#data`) steps one
+# global batch through a real run, cut into each replica's sequences, and ends on DDP's
+# gradient all-reduce over the dp group (docs/demo.md).
 
 # %%
 import numpy as np

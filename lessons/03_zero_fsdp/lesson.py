@@ -23,6 +23,10 @@
 #
 # Run this file with `python lessons/03_zero_fsdp/lesson.py`, or open it as a notebook.
 # Every number below is computed by minipar.
+#
+# To see it: the **state** mode of `minipar demo` (`demo.html#state`) draws every rank's
+# memory by category over a real step; pick ZeRO 1, 2 or 3 and watch which category
+# shrinks by dp (docs/demo.md).
 
 # %%
 import numpy as np

@@ -24,6 +24,10 @@
 # Everything below runs on simulated devices in float64, so that a difference from one
 # device can only be rounding. The parallel layers are minipar's own (`minipar/parallel/tp/`,
 # described in `docs/tensor_parallel.md`); the exercises ask you to write their core.
+#
+# To see it: `minipar demo`'s **architecture** mode (`demo.html#architecture`) lights a
+# GPU's tp group inside its node, and its **data** mode (`demo.html#data`) counts the tp
+# all-gathers and reduce-scatters inside every forward and backward (docs/demo.md).
 
 # %%
 from collections import Counter

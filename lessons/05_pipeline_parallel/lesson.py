@@ -29,6 +29,10 @@
 # validator checks any schedule, a dry run times it, and a runner executes it on
 # simulated devices (`minipar/parallel/pp/`, `docs/pipeline_parallel.md`). Everything
 # below runs in float64.
+#
+# To see it: the **performance** mode of `minipar demo` (`demo.html#performance`) draws
+# GPipe, 1F1B, interleaved 1F1B and ZB-H1 side by side on the same layout, with each
+# one's step time and idle share (docs/demo.md).
 
 # %%
 from fractions import Fraction

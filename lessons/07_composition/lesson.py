@@ -27,6 +27,11 @@
 # of any layout (Megatron-LM, Narayanan et al. 2021, "Efficient Large-Scale Language Model
 # Training on GPU Clusters", sections 2–3). Everything below runs in float64 on simulated
 # devices.
+#
+# To see it: `minipar demo` writes a page whose **architecture** mode
+# (`demo.html#architecture`) lays the kitchen (DP 2 × TP 4 × PP 3) and the 70B layout
+# (TP 4, PP 2, DP 8) on nodes of 8 GPUs and lights any GPU's three groups; the other
+# three modes show a 3-D step's batch, memory and time (docs/demo.md).
 
 # %%
 import collections

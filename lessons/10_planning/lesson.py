@@ -35,6 +35,10 @@
 # Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", SC'21) for the
 # model FLOPs and the pipeline, Rajbhandari et al. 2020 ("ZeRO") for the model states.
 # Nothing below trains; every number is the planner's, or a formula checked against it.
+#
+# To see it: the **performance** and **state** modes of `minipar demo` (`demo.html#performance`)
+# draw a Llama 3 70B-sized step's dry run rank by rank on the seed's layouts, and the
+# planner's memory when ZeRO shards it (docs/demo.md).
 
 # %%
 import contextlib

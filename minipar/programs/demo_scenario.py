@@ -154,13 +154,20 @@ def neighbours(base: Scenario) -> list[Scenario]:
     return keep
 
 
+#: two more sets, beyond one control from the base: the 70B's four schedules on the
+#: kitchen (three stations: schedules side by side), and the tiny model's ZeRO stages on
+#: dp 4 with no pipeline (where ZeRO-2's gradients shrink; with a pipeline they cannot,
+#: every micro-batch accumulates into the full gradient before the step's reduce-scatter)
+KITCHEN_SCHEDULES = [Scenario("70b", 2, 4, 3, 6, 2 if n == "interleaved_1f1b" else 1, n)
+                     for n in SCHEDULES]
+ZERO_WITHOUT_PIPELINE = [Scenario("tiny", 4, 1, 1, 1, zero=z) for z in (0, 1, 2, 3)]
+
+
 def embedded() -> list[Scenario]:
-    """Everything `minipar demo` computes into the page: both models' neighbourhoods, plus
-    the 70B's four schedules on the kitchen (three stations: schedules side by side)."""
+    """Everything `minipar demo` computes into the page: both models' neighbourhoods, then
+    KITCHEN_SCHEDULES and ZERO_WITHOUT_PIPELINE."""
     out = neighbours(BASE["tiny"]) + neighbours(BASE["70b"])
-    second = Scenario("70b", 2, 4, 3, 6)
-    out += [replace(second, schedule=n, chunks=2 if n == "interleaved_1f1b" else 1)
-            for n in SCHEDULES]
+    out += KITCHEN_SCHEDULES + ZERO_WITHOUT_PIPELINE
     seen, keep = set(), []
     for s in out:
         if s.key not in seen:

@@ -26,8 +26,8 @@ from minipar.plan.timeline import timeline
 from minipar.programs import demo_plan, demo_run
 from minipar.programs.demo import demo_data, scenario_data
 from minipar.programs.demo_rows import WIDTH, model_flops
-from minipar.programs.demo_scenario import (BASE, TINY, TINY_BATCH, Scenario, check,
-                                            embedded)
+from minipar.programs.demo_scenario import (BASE, KITCHEN_SCHEDULES, TINY, TINY_BATCH,
+                                            ZERO_WITHOUT_PIPELINE, Scenario, check, embedded)
 from minipar.programs.demo_serve import DemoServer, parse_query
 from minipar.runtime.launch import launch
 from minipar.runtime.ledger import CATEGORIES
@@ -167,8 +167,10 @@ def test_embedded_scenarios_are_one_control_from_the_base():
     """So the page can promise: change one control from the base and the picture is there."""
     E = embedded()
     assert len({s.key for s in E}) == len(E) and BASE["tiny"] in E and BASE["70b"] in E
-    kitchen = {(2, 4, 3)}
+    extra = set(KITCHEN_SCHEDULES + ZERO_WITHOUT_PIPELINE)
     for s in E:
+        if s in extra:
+            continue
         b = BASE[s.model]
         differ = {k for k in ("microbatches", "zero", "recompute") if
                   getattr(s, k) != getattr(b, k)}
@@ -178,7 +180,8 @@ def test_embedded_scenarios_are_one_control_from_the_base():
             differ.add("schedule")
         if s.pp == 1:
             differ -= {"microbatches", "schedule"}
-        assert len(differ) <= 1 or (s.dp, s.tp, s.pp) in kitchen, s.key
+        assert len(differ) <= 1, s.key
+    assert extra <= set(E)
     kitchen_schedules = {s.schedule for s in E if (s.model, s.dp, s.tp, s.pp) == ("70b", 2, 4, 3)}
     assert kitchen_schedules == {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"}
 
@@ -250,3 +253,23 @@ def test_serve_flags_are_checked_before_any_work(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
         main(["demo"] + argv)
     assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_what_the_state_mode_says_about_zero_is_what_the_ledgers_hold():
+    """docs/demo.md's claims, from the embedded real runs: without a pipeline each ZeRO stage
+    shrinks one more category (optimizer states exactly by dp); on the pipelined base
+    ZeRO-2's gradient peak does not shrink below DDP's; full recompute lowers activations."""
+    peaks = [demo_run.run(s)["rows"][0]["peak"] for s in ZERO_WITHOUT_PIPELINE]
+    dp = ZERO_WITHOUT_PIPELINE[0].dp
+    assert all(p["optimizer_states"] * dp == peaks[0]["optimizer_states"] for p in peaks[1:])
+    assert peaks[2]["gradients"] < peaks[1]["gradients"] == peaks[0]["gradients"]
+    assert peaks[3]["parameters"] < peaks[2]["parameters"] == peaks[0]["parameters"]
+    base = demo_run.run(BASE["tiny"])["rows"][0]["peak"]
+    z2 = demo_run.run(replace(BASE["tiny"], zero=2))["rows"][0]["peak"]
+    assert z2["gradients"] >= base["gradients"]
+    full = demo_run.run(replace(BASE["tiny"], recompute="full"))["rows"][0]["peak"]
+    assert full["activations"] < base["activations"]
+    big = demo_plan.plan(BASE["70b"])
+    states = sum(big["rows"][0]["peak"][c] for c in ("parameters", "gradients",
+                                                     "optimizer_states"))
+    assert states > big["capacity"]

@@ -62,6 +62,13 @@ def run_tour(out: Print = print, nbytes: int = 4 << 20, trace_path: Optional[str
     for part in PARTS:
         out("")
         part(out, record)
+    out("")
+    out("To see it all: `minipar demo` writes demo.html, one page that opens offline, in")
+    out("four modes: the kitchen's mesh on its nodes (architecture), one batch stepping")
+    out("through a real run's collectives (data), every rank's memory as ZeRO and recompute")
+    out("change it (state), schedules side by side with their idle time and MFU")
+    out("(performance). `minipar demo --serve` computes any layout the page asks for")
+    out("(docs/demo.md).")
     if trace_path:
         events, sections = one_after_another(record.runs)
         to_chrome_trace(events, trace_path, topology=TOPOLOGY,
