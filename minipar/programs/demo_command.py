@@ -21,6 +21,7 @@ import os
 import sys
 
 from .demo import MAX_GPUS, demo_data, parse_layout, scenario_data, write_demo
+from .demo_serve import DemoServer
 
 
 def _layout(text: str) -> tuple[int, int, int]:
@@ -96,7 +97,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from .demo_serve import DemoServer
     data = demo_data(args.layout, progress=_progress(), served=True)
     try:
         server = DemoServer((args.host, args.port), data, scenario_data,

@@ -20,12 +20,13 @@ from ..plan.sized import as_gpt
 from ..plan.step_time import step_time
 from ..plan.timeline import timeline
 from ..runtime.ledger import CATEGORIES
-from .demo_rows import journey, model_flops, numbers, row
+from .demo_rows import groups_of, journey, model_flops, numbers, row
 from .demo_scenario import Scenario, check
 
 CLUSTER = "a100"
 MODEL = "llama3-70b"
 DTYPE = "bfloat16"
+MAX_GRAD_NORM = 1.0  # clipped, as the real runs
 
 
 def layout_of(s: Scenario) -> Layout:
@@ -48,15 +49,6 @@ def coordinate(s: Scenario, rank: int) -> dict:
             "tp_index": rank % s.tp}
 
 
-def groups(s: Scenario, rank: int) -> dict:
-    c = coordinate(s, rank)
-    base = c["pp_stage"] * s.tp * s.dp
-    return {"tp": [rank - c["tp_index"] + i for i in range(s.tp)],
-            "dp": [base + c["tp_index"] + s.tp * d for d in range(s.dp)],
-            "pp": [c["dp_replica"] * s.tp + c["tp_index"] + s.tp * s.dp * p
-                   for p in range(s.pp)]}
-
-
 def plan(s: Scenario) -> dict:
     """The scenario's page data from the dry run, or the planner under ZeRO."""
     check(s)
@@ -77,7 +69,8 @@ def plan(s: Scenario) -> dict:
                           for d in range(s.dp)]}}
     if s.zero:
         return dict(out, **_planner(s, gpt, layout, cluster, nodes, flops, peak))
-    tl = timeline(gpt, layout, topo, dtype=DTYPE, compute_model="calibrated")
+    tl = timeline(gpt, layout, topo, dtype=DTYPE, compute_model="calibrated",
+                  max_grad_norm=MAX_GRAD_NORM)
     T = tl.step_time
     bandwidth = {topo.intra.name: topo.intra.bandwidth, topo.inter.name: topo.inter.bandwidth}
     rows = []
@@ -100,7 +93,8 @@ def plan(s: Scenario) -> dict:
                             f"its tp and dp peers do the same",
                 numbers=numbers(rows, T, flops, s.gpus, peak), rows=rows,
                 journey=journey({r.rank: r.events for r in tl.ranks},
-                                {r.rank: groups(s, r.rank) for r in tl.ranks}, 0.0))
+                                {r.rank: groups_of(s.dp, s.tp, s.pp, r.rank)
+                                 for r in tl.ranks}, 0.0))
 
 
 def _planner(s: Scenario, gpt, layout: Layout, cluster, nodes: int, flops: float,

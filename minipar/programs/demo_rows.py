@@ -15,8 +15,10 @@ The numbers (minipar train's definitions):
                    and two s² products, the head; forward once, backward twice, no recompute
 
 The journey (the data mode) is the same trace read as a list of steps in time order: each
-pipeline action with the ranks that ran it and the collectives and sends inside it, then
-the step's tail (gradient synchronisation, clipping, the optimizer), grouped by collective.
+pipeline action with the ranks that ran it and the collectives and sends inside it (with
+no pipeline, the step's forward and backward, told apart by the backward kernels' labels),
+then the step's tail (gradient synchronisation, clipping, the loss's broadcast), grouped
+by collective.
 """
 
 from __future__ import annotations
@@ -41,16 +43,33 @@ def model_flops(B: int, s: int, l: int, h: int, f: int, V: int) -> float:
     return 3.0 * B * s * (l * (8 * h * h + 4 * h * f + 4 * s * h) + 2 * h * V)
 
 
+KINDS = ("tp", "dp", "pp", "mp", "world")
+
+
 def group_kind(e: Event, groups: dict) -> str:
-    """'tp', 'pp', 'dp' when the event's ranks are one of this rank's groups, else 'world'
-    (e.g. the gradient norm's all-reduce) or 'p2p' for a send or receive."""
+    """Which of this rank's groups the event's ranks are: 'tp', 'dp', 'pp', 'mp' (the
+    model-parallel group, tp x pp: the gradient norm's all-reduce) or 'world', the first
+    that matches; 'p2p' for a send or receive; 'other' for any other group."""
     if e.stream in ("p2p", "recv"):
         return "p2p"
     ranks = tuple(sorted(e.group or ()))
-    for k in ("tp", "dp", "pp"):
+    for k in KINDS:
         if ranks == tuple(groups[k]):
             return k
-    return "world"
+    return "other"
+
+
+def groups_of(dp: int, tp: int, pp: int, rank: int) -> dict:
+    """A rank's groups in ParallelDims' default order (rank = i_tp + tp·(i_dp + dp·i_pp)),
+    as group_kind reads them (demo_run holds them to ParallelGroups')."""
+    t, d, p = rank % tp, rank // tp % dp, rank // (tp * dp)
+
+    def at(t, d, p):
+        return t + tp * (d + dp * p)
+    return {"tp": [at(i, d, p) for i in range(tp)], "dp": [at(t, i, p) for i in range(dp)],
+            "pp": [at(t, d, i) for i in range(pp)],
+            "mp": sorted(at(i, d, j) for i in range(tp) for j in range(pp)),
+            "world": list(range(dp * tp * pp))}
 
 
 def resample(times: Sequence[float], totals: Sequence[dict], n: int) -> tuple[list, list]:
@@ -87,13 +106,45 @@ def memory_series(start: dict, history: Sequence[tuple], t0: float, T: float) ->
     return out
 
 
+def is_backward_kernel(e: Event) -> bool:
+    """A kernel of the backward, by nn's labels: a linear's dgrad or wgrad, attention's
+    d(...) products (lm_head.dgrad, attn d(p@v)/dp, ...)."""
+    return e.stream == "compute" and (e.label.endswith(("dgrad", "wgrad"))
+                                      or " d(" in e.label)
+
+
+#: the files of the tensor-parallel layers' collectives (a collective's meta "where")
+TP_LAYERS = ("mappings.py", "layers.py", "sequence.py", "vocab.py")
+
+
+def action_spans(events: Sequence[Event]) -> list[Event]:
+    """The pipeline runner's F/B/I/W spans of one rank; with no pipeline (no spans on the
+    trace) the step's one forward and one backward: from the first event to the first
+    backward kernel (is_backward_kernel), and from there to the end of the last backward
+    kernel or tensor-parallel layer's collective (TP_LAYERS: SP's LayerNorm gradients, the
+    embedding's), after which the step's tail begins."""
+    spans = [e for e in events if e.stream == "compute" and "action" in e.meta]
+    back = [e for e in events if is_backward_kernel(e)]
+    if spans or not back:
+        return spans
+    first = min(e.start for e in events)
+    b0 = min(e.start for e in back)
+    b1 = max([e.end for e in back] + [
+        e.end for e in events if e.stream == "comm" and e.start >= b0
+        and e.meta.get("where", "").startswith(TP_LAYERS)])
+    r = events[0].rank
+    return [Event(r, "compute", k, a, b, label=f"0{k}0",
+                  meta={"action": f"0{k}0", "stage": 0, "kind": k, "microbatch": 0})
+            for k, a, b in (("F", first, b0), ("B", b0, b1))]
+
+
 def row(rank: int, coord: dict, events: Sequence[Event], t0: float, T: float,
         bandwidth: dict, memory: Optional[dict], peak: Optional[dict]) -> dict:
     """One rank's row (module docstring); events on the run's clock, shifted by t0."""
     evs = list(events)
     actions = [[e.start - t0, e.end - t0, e.meta["kind"] if e.meta["kind"] != "OVERLAP_F_B"
                 else "&", int(e.meta["microbatch"]), int(e.meta["stage"])]
-               for e in evs if e.stream == "compute" and "action" in e.meta]
+               for e in action_spans(evs)]
     drawn = [e for e in evs if is_kernel(e) or e.stream != "compute"]
     cells = "".join(CELL[s] for s in cell_states(sorted(drawn, key=lambda e: e.start),
                                                  t0, t0 + T, WIDTH))
@@ -122,7 +173,7 @@ def journey(events: dict, groups: dict, t0: float) -> list[dict]:
     inside: dict = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     tail: dict = {}
     for r, evs in events.items():
-        spans = [e for e in evs if e.stream == "compute" and "action" in e.meta]
+        spans = action_spans(evs) if evs else []
         for e in spans:
             key = (e.meta["kind"], int(e.meta["stage"]), int(e.meta["microbatch"]))
             a = actions.setdefault(key, {"start": e.start, "end": e.end, "ranks": []})

@@ -23,11 +23,12 @@ from ..runtime.device import DeviceSpec
 from ..runtime.launch import launch
 from ..runtime.ledger import CATEGORIES
 from ..runtime.topology import Topology
-from .demo_rows import journey, memory_series, model_flops, numbers, row
+from .demo_rows import groups_of, journey, memory_series, model_flops, numbers, row
 from .demo_scenario import TINY, Scenario, check
 
 GPUS_PER_NODE = 8
 DTYPE = "float32"
+MAX_GRAD_NORM = 1.0  # Megatron's default clipping: the step's tail has the norm's all-reduce
 
 
 def config(s: Scenario) -> GPTConfig:
@@ -49,17 +50,29 @@ def topology(gpus: int) -> Topology:
     return Topology.nodes(gpus // GPUS_PER_NODE, GPUS_PER_NODE, DeviceSpec.a100_80gb())
 
 
-def coordinates(dims: ParallelDims) -> dict:
+def coordinates(s: Scenario, dims: ParallelDims) -> dict:
     """rank -> its coordinate and groups, as ParallelGroups builds them (call inside a
     launch of dims.world_size ranks)."""
     out = {}
     for r in range(dims.world_size):
         g = ParallelGroups(dims, rank=r)
+        mine = groups_of(s.dp, s.tp, s.pp, r)
+        if (mine["tp"], mine["dp"], mine["pp"]) != (list(g.tp.ranks), list(g.dp.ranks),
+                                                     list(g.pp.ranks)):
+            raise AssertionError(f"rank {r}: demo_rows.groups_of disagrees with "
+                                 f"ParallelGroups of {dims}")
         out[r] = {"pp_stage": g.coordinate["pp"], "dp_replica": g.dp_rank,
-                  "tp_index": g.coordinate["tp"], "groups": {"tp": list(g.tp.ranks),
-                                                            "dp": list(g.dp.ranks),
-                                                            "pp": list(g.pp.ranks)}}
+                  "tp_index": g.coordinate["tp"], "groups": mine}
     return out
+
+
+def pipeline(s: Scenario) -> dict:
+    """parallelize's schedule arguments: the scenario's, or none at pp = 1 (the plain
+    step: one forward and one backward, DDP's or ZeRO's buckets during the backward)."""
+    if s.pp == 1:
+        return {}
+    return dict(schedule=s.schedule, microbatches=s.microbatches,
+                chunks=s.chunks if s.chunks > 1 else None)
 
 
 def batch_split(s: Scenario) -> dict:
@@ -67,7 +80,7 @@ def batch_split(s: Scenario) -> dict:
     own split functions applied to the sequence numbers 0 .. B-1."""
     B = s.global_batch
     ids = np.arange(B)[None, :]  # [1, B]: a "batch" whose tokens are the sequence numbers
-    m = s.microbatches if s.pp > 1 else 1
+    m = s.microbatches
     micro = split_microbatches(ids, ids, m)  # m x [1, B/m]
     return {"global_batch": B, "microbatches": m,
             "seq_len": TINY["seq_len"],
@@ -82,12 +95,11 @@ def run(s: Scenario) -> dict:
     rng = np.random.default_rng(0)
     ids = rng.integers(0, cfg.vocab_size, (cfg.seq_len, s.global_batch))  # [s, B]
     targets = rng.integers(0, cfg.vocab_size, (cfg.seq_len, s.global_batch))
-    pipe = dict(schedule=s.schedule, microbatches=s.microbatches,
-                chunks=s.chunks if s.chunks > 1 else None) if s.pp > 1 else {}
+    pipe = pipeline(s)
 
     def step(ctx):
         p = parallelize(cfg, dims, zero=s.zero or None, sequence_parallel=s.tp > 1,
-                        lr=1e-3, placement="any", **pipe)
+                        lr=1e-3, max_grad_norm=MAX_GRAD_NORM, placement="any", **pipe)
         t0 = ctx.clock.elapsed()
         start = {c: ctx.ledger.held(c) for c in CATEGORIES}
         ctx.trace.clear()
@@ -98,7 +110,7 @@ def run(s: Scenario) -> dict:
         peak = {c: ctx.ledger.peak(c) for c in CATEGORIES}
         peak["total"] = ctx.ledger.peak()
         return (t0, start, list(ctx.trace.events), list(ctx.ledger.history), peak,
-                float(loss), ctx.clock.elapsed(), coordinates(dims) if ctx.rank == 0 else None)
+                float(loss), ctx.clock.elapsed(), coordinates(s, dims) if ctx.rank == 0 else None)
 
     topo = topology(s.gpus)
     res = launch(step, s.gpus, topology=topo)

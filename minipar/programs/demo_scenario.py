@@ -124,8 +124,8 @@ def normal(s: Scenario) -> Scenario:
 #: each model's base scenario (the page opens on it) and the seed's layouts for the 70B
 BASE = {"tiny": Scenario("tiny", 2, 2, 2, 4),
         "70b": Scenario("70b", 8, 4, 2, 4)}
-SEED_LAYOUTS = {"tiny": [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (2, 1, 2),
-                         (1, 2, 2), (2, 2, 2), (1, 1, 4), (1, 2, 4), (2, 1, 4)],
+SEED_LAYOUTS = {"tiny": [(1, 1, 1), (2, 1, 1), (4, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1),
+                         (2, 1, 2), (1, 2, 2), (2, 2, 2), (1, 1, 4), (1, 2, 4), (2, 1, 4)],
                 "70b": [(8, 4, 2), (2, 4, 3), (16, 4, 2), (8, 8, 2), (4, 4, 4)]}
 CHOICES = {"microbatches": {"tiny": (2, 4, 8), "70b": (2, 4, 8)},
            "zero": (0, 1, 2, 3), "recompute": RECOMPUTE, "schedule": SCHEDULES}
@@ -154,20 +154,24 @@ def neighbours(base: Scenario) -> list[Scenario]:
     return keep
 
 
-#: two more sets, beyond one control from the base: the 70B's four schedules on the
+#: three more sets, beyond one control from the base: the 70B's four schedules on the
 #: kitchen (three stations: schedules side by side), and the tiny model's ZeRO stages on
 #: dp 4 with no pipeline (where ZeRO-2's gradients shrink; with a pipeline they cannot,
 #: every micro-batch accumulates into the full gradient before the step's reduce-scatter)
 KITCHEN_SCHEDULES = [Scenario("70b", 2, 4, 3, 6, 2 if n == "interleaved_1f1b" else 1, n)
                      for n in SCHEDULES]
 ZERO_WITHOUT_PIPELINE = [Scenario("tiny", 4, 1, 1, 1, zero=z) for z in (0, 1, 2, 3)]
+#: and what fits the 70B's base layout in 80 GB: no ZeRO stage alone does (8,192-token
+#: sequences' activations), no recompute mode alone does; these pairs do (the planner's)
+WHAT_FITS = [replace(BASE["70b"], zero=z, recompute=r)
+             for z, r in ((1, "full"), (2, "full"), (3, "selective"), (3, "full"))]
 
 
 def embedded() -> list[Scenario]:
     """Everything `minipar demo` computes into the page: both models' neighbourhoods, then
-    KITCHEN_SCHEDULES and ZERO_WITHOUT_PIPELINE."""
+    KITCHEN_SCHEDULES, ZERO_WITHOUT_PIPELINE and WHAT_FITS."""
     out = neighbours(BASE["tiny"]) + neighbours(BASE["70b"])
-    out += KITCHEN_SCHEDULES + ZERO_WITHOUT_PIPELINE
+    out += KITCHEN_SCHEDULES + ZERO_WITHOUT_PIPELINE + WHAT_FITS
     seen, keep = set(), []
     for s in out:
         if s.key not in seen:
