@@ -1,5 +1,6 @@
 """Shared test set-up: hypothesis profiles (CI is derandomized, with no deadline), the
-GPT steps fixture, and one cached run of each lesson file."""
+GPT steps fixture, one cached run of each lesson file, the demo's page, and a direct launch
+of the demo's tiny scenarios."""
 
 import functools
 import os
@@ -94,3 +95,75 @@ def demo_page(tmp_path_factory, worker_id):
             saved.write_text(json.dumps(data), encoding="utf-8")
         data = json.loads(saved.read_text(encoding="utf-8"))
     return path, data
+
+
+def _tiny_launch(s):
+    """The tiny scenario `s`'s training step launched here, without the demo's code but with
+    the arguments minipar/programs/demo_run.py gives (clipping at 1.0, ZeRO over dp_shard,
+    schedule arguments only when pp > 1, A100 nodes of 8): per rank (the step's start and
+    end on its clock, its ledger's peak by category over the step, its peak total, what it
+    holds by category at the end)."""
+    import numpy as np
+
+    from minipar.nn.gpt import GPTConfig
+    from minipar.parallel.mesh import ParallelDims
+    from minipar.parallel.mesh.parallelize import parallelize
+    from minipar.programs.demo_scenario import TINY, TINY_BATCH
+    from minipar.runtime.device import DeviceSpec
+    from minipar.runtime.launch import launch
+    from minipar.runtime.ledger import CATEGORIES
+    from minipar.runtime.topology import Topology
+    cfg = GPTConfig(**TINY, dtype="float32", recompute=s.recompute)
+    dp = dict(dp_shard=s.dp) if s.zero else dict(dp_replicate=s.dp)
+    dims = ParallelDims(**dp, tp=s.tp, pp=s.pp)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, cfg.vocab_size, (cfg.seq_len, TINY_BATCH))
+    tgt = rng.integers(0, cfg.vocab_size, (cfg.seq_len, TINY_BATCH))
+    pipe = dict(schedule=s.schedule, microbatches=s.microbatches,
+                chunks=s.chunks if s.chunks > 1 else None) if s.pp > 1 else {}
+
+    def fn(ctx):
+        p = parallelize(cfg, dims, zero=s.zero or None, sequence_parallel=s.tp > 1, lr=1e-3,
+                        max_grad_norm=1.0, placement="any", **pipe)
+        t0 = ctx.clock.elapsed()
+        ctx.ledger.reset_peak()
+        p.train_step(ids, tgt)
+        return t0, ctx.clock.elapsed(), {c: ctx.ledger.peak(c) for c in CATEGORIES}, \
+            ctx.ledger.peak(), {c: ctx.ledger.held(c) for c in CATEGORIES}
+    topology = Topology.nodes(max(1, s.gpus // 8), min(s.gpus, 8), DeviceSpec.a100_80gb())
+    return launch(fn, s.gpus, topology=topology)
+
+
+@pytest.fixture(scope="session")
+def tiny_launch():
+    """tiny_launch(scenario) -> per rank (t0, t_end, peak by category, peak total, held by
+    category): one step of the demo's tiny GPT, to hold the demo's numbers to
+    (tests/programs/test_demo_scenarios.py, tests/viz/test_demo_numbers.py)."""
+    return _tiny_launch
+
+
+@pytest.fixture
+def serve_demo():
+    """serve_demo(data) -> (the root URL, the keys the server computed, in order): `minipar
+    demo --serve`'s server on a free port in a thread, computing with the demo's own
+    scenario_data; stopped when the test ends."""
+    import threading
+
+    from minipar.programs.demo import scenario_data
+    from minipar.programs.demo_serve import DemoServer
+    servers = []
+
+    def start(data: dict):
+        asked = []
+
+        def compute(s):
+            asked.append(s.key)
+            return scenario_data(s)
+        server = DemoServer(("127.0.0.1", 0), data, compute)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/", asked
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()

@@ -6,7 +6,7 @@
 not computed by a formula here: each preset layout is launched on simulated devices and
 every rank's `ParallelGroups(ParallelDims(...))` is read, so the page shows what the mesh
 code builds. The page's script recomputes the same rule for any layout the reader picks;
-the browser tests hold the two to each other (tests/viz/test_demo_browser.py).
+the browser tests hold the two to each other (tests/viz/test_demo_architecture.py).
 
 The seed's two layouts are the presets: the kitchen (DP 2 x TP 4 x PP 3, 24 GPUs: two
 copies of the kitchen, four cooks sharing one pan, three stations in a line) and the

@@ -1,6 +1,6 @@
 """`minipar demo`'s data and page without a browser: the groups are ParallelGroups', the rule
 the page's script uses gives the same, and the page needs nothing outside itself.
-(The page in a real browser: tests/viz/test_demo_browser.py.)"""
+(The page in a real browser: tests/viz/test_demo_*.py.)"""
 
 import json
 import re

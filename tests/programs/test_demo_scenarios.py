@@ -6,16 +6,13 @@ the batch's journey against the schedule; the scenario checks' refusals; the ser
 """
 
 import json
-import threading
 import urllib.error
 import urllib.request
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from minipar.cli import main
-from minipar.nn.gpt import GPTConfig
 from minipar.parallel.pp.schedules import schedule as pipeline_schedule
 from minipar.plan.flops import model_flops as narayanan_flops
 from minipar.plan.presets import CLUSTERS, MODELS
@@ -29,8 +26,7 @@ from minipar.programs.demo_rows import WIDTH, model_flops
 from minipar.programs.demo_scenario import (BASE, KITCHEN_SCHEDULES, TINY, TINY_BATCH,
                                             WHAT_FITS, ZERO_WITHOUT_PIPELINE, Scenario, check,
                                             embedded)
-from minipar.programs.demo_serve import DemoServer, parse_query
-from minipar.runtime.launch import launch
+from minipar.programs.demo_serve import parse_query
 from minipar.runtime.ledger import CATEGORIES
 
 TINY_CASES = [BASE["tiny"], replace(BASE["tiny"], schedule="zb_h1"),
@@ -39,35 +35,12 @@ TINY_CASES = [BASE["tiny"], replace(BASE["tiny"], schedule="zb_h1"),
               Scenario("tiny", 2, 2, 1, 1)]
 
 
-def direct_step(s: Scenario):
-    """The tiny scenario's step launched here, without the demo's code: per rank the step's
-    start and end on its clock and its ledger's peak by category over the step."""
-    cfg = GPTConfig(**TINY, dtype="float32", recompute=s.recompute)
-    dims = demo_run.dims_of(s)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, cfg.vocab_size, (cfg.seq_len, TINY_BATCH))
-    tgt = rng.integers(0, cfg.vocab_size, (cfg.seq_len, TINY_BATCH))
-    from minipar.parallel.mesh.parallelize import parallelize
-    pipe = dict(schedule=s.schedule, microbatches=s.microbatches,
-                chunks=s.chunks if s.chunks > 1 else None)
-
-    def fn(ctx):
-        p = parallelize(cfg, dims, zero=s.zero or None, sequence_parallel=s.tp > 1, lr=1e-3,
-                        max_grad_norm=1.0, placement="any", **pipe)
-        t0 = ctx.clock.elapsed()
-        ctx.ledger.reset_peak()
-        p.train_step(ids, tgt)
-        return t0, ctx.clock.elapsed(), {c: ctx.ledger.peak(c) for c in CATEGORIES}, \
-            ctx.ledger.peak(), {c: ctx.ledger.held(c) for c in CATEGORIES}
-    return launch(fn, s.gpus, topology=demo_run.topology(s.gpus))
-
-
 @pytest.mark.parametrize("s", TINY_CASES, ids=lambda s: s.key)
-def test_a_real_runs_numbers_are_the_launched_steps(s):
+def test_a_real_runs_numbers_are_the_launched_steps(s, tiny_launch):
     """Step time, every rank's peak by category, the memory curve's maximum and final bytes,
     the time split and the MFU: the same as a direct launch's clocks and ledgers."""
     d = demo_run.run(s)
-    res = direct_step(s)
+    res = tiny_launch(s)  # tests/conftest.py
     t0 = min(r[0] for r in res)
     T = max(r[1] for r in res) - t0
     assert d["numbers"]["step_time"] == pytest.approx(T, rel=1e-12)
@@ -217,37 +190,25 @@ def test_the_query_names_a_scenario_or_says_what_is_wrong():
             parse_query(bad)
 
 
-def test_the_server_serves_the_page_and_computes_a_scenario():
+def test_the_server_serves_the_page_and_computes_a_scenario(serve_demo):
     """The page with served: true; a scenario not embedded is computed (once) and equals
     scenario_data's; a bad one is a 400 with check's message; any other path a 404."""
-    data = demo_data(scenarios=[])
-    calls = []
-
-    def compute(s):
-        calls.append(s.key)
-        return scenario_data(s)
-    server = DemoServer(("127.0.0.1", 0), data, compute)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        page = urllib.request.urlopen(base + "/", timeout=30).read().decode()
-        assert '"served":true' in page
-        q = "model=tiny&dp=1&tp=1&pp=1&microbatches=1&chunks=1&schedule=1f1b&zero=0&recompute=none"
-        for _ in range(2):
-            got = json.loads(urllib.request.urlopen(f"{base}/api/scenario?{q}", timeout=60).read())
-        s = parse_query(q)
-        assert calls == [s.key]
-        assert got["numbers"] == scenario_data(s)["numbers"]
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(f"{base}/api/scenario?{q.replace('tp=1', 'tp=3')}", timeout=30)
-        assert e.value.code == 400 and "attention heads" in json.loads(e.value.read())["error"]
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(base + "/etc/passwd", timeout=30)
-        assert e.value.code == 404
-    finally:
-        server.shutdown()
-        server.server_close()
+    base, calls = serve_demo(demo_data(scenarios=[]))
+    base = base.rstrip("/")
+    page = urllib.request.urlopen(base + "/", timeout=30).read().decode()
+    assert '"served":true' in page
+    q = "model=tiny&dp=1&tp=1&pp=1&microbatches=1&chunks=1&schedule=1f1b&zero=0&recompute=none"
+    for _ in range(2):
+        got = json.loads(urllib.request.urlopen(f"{base}/api/scenario?{q}", timeout=60).read())
+    s = parse_query(q)
+    assert calls == [s.key]
+    assert got["numbers"] == scenario_data(s)["numbers"]
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"{base}/api/scenario?{q.replace('tp=1', 'tp=3')}", timeout=30)
+    assert e.value.code == 400 and "attention heads" in json.loads(e.value.read())["error"]
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(base + "/etc/passwd", timeout=30)
+    assert e.value.code == 404
 
 
 @pytest.mark.parametrize("argv,says", [(["--serve", "--out", "x.html"], "give one of them"),
@@ -287,3 +248,23 @@ def test_on_the_70b_base_only_zero_and_recompute_together_fit():
         assert demo_plan.plan(s)["numbers"]["peak_memory"] > cap, s.key
     for s in WHAT_FITS:
         assert demo_plan.plan(s)["numbers"]["peak_memory"] <= cap, s.key
+
+
+def test_the_state_modes_figures_in_the_docs_are_the_planners():
+    """docs/demo.md quotes the 70B's peaks; they are recomputed here, so the page's guide
+    cannot drift from what the page shows."""
+    from pathlib import Path
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "demo.md")
+                    .read_text(encoding="utf-8").split())
+    gib = 2**30
+    peak = {(z, r): demo_plan.plan(replace(BASE["70b"], zero=z, recompute=r))["numbers"]
+            ["peak_memory"] / gib for z, r in ((0, "none"), (0, "full"), (3, "none"),
+                                               (1, "full"), (3, "selective"), (3, "full"))}
+    for (z, r), quoted in (((0, "none"), "334 GiB at the peak without recompute"),
+                           ((0, "full"), "135 GiB with full recompute"),
+                           ((3, "none"), "221 GiB with ZeRO-3 alone")):
+        assert quoted in text and quoted.startswith(f"{peak[(z, r)]:.0f} GiB")
+    for (z, r), quoted in (((1, "full"), "ZeRO-1 with full recompute {:.1f} GiB"),
+                           ((3, "selective"), "ZeRO-3 with selective recompute {:.1f} GiB"),
+                           ((3, "full"), "ZeRO-3 with full {:.1f} GiB")):
+        assert quoted.format(peak[(z, r)]) in text
