@@ -79,8 +79,8 @@ def run_lesson():
 @pytest.fixture(scope="session")
 def demo_page(tmp_path_factory, worker_id):
     """`minipar demo`'s page with the 4x2x2 layout added: (path, the data it embeds). It
-    takes about 10 s (the embedded scenarios' real runs and dry runs), so it is written
-    once for the whole run: the xdist workers share it through a lock file."""
+    takes about 5 s on two cores (the embedded scenarios' real runs and dry runs), so it
+    is written once for the whole run: the xdist workers share it through a lock file."""
     import fcntl
     import json
 

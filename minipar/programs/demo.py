@@ -15,9 +15,11 @@ copies of the kitchen, four cooks sharing one pan, three stations in a line) and
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import os
 import re
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 from ..parallel.mesh import ParallelDims, ParallelGroups
 from ..runtime.launch import launch
@@ -103,10 +105,11 @@ def scenario_data(s: Scenario) -> dict:
 
 def demo_data(extra: Iterable[tuple[int, int, int]] = (), scenarios: Optional[Iterable[
         Scenario]] = None, progress: Optional[Callable[[int, int, str], None]] = None,
-        served: bool = False) -> dict:
+        served: bool = False, jobs: Optional[int] = None) -> dict:
     """Everything the page embeds: the architecture mode's presets and any extra layouts,
     the choices and captions, and the scenarios of the other three modes (default: the
-    embedded set, demo_scenario.embedded); progress(i, n, key) after each scenario."""
+    embedded set, demo_scenario.embedded), computed by `jobs` processes (default: one a
+    core; 1: in this process); progress(i, n, key) as each scenario is done."""
     layouts = [layout_data(dp, tp, pp, key, title) for key, title, dp, tp, pp in PRESETS]
     seen = {(d["dp"], d["tp"], d["pp"]) for d in layouts}
     for dp, tp, pp in extra:
@@ -115,15 +118,34 @@ def demo_data(extra: Iterable[tuple[int, int, int]] = (), scenarios: Optional[It
             layouts.append(layout_data(dp, tp, pp))
     todo = list(embedded() if scenarios is None else scenarios)
     computed = {}
-    for i, s in enumerate(todo):
-        computed[s.key] = scenario_data(s)
+    for i, (key, got) in enumerate(_computed(todo, jobs)):
+        computed[key] = got
         if progress is not None:
-            progress(i + 1, len(todo), s.key)
+            progress(i + 1, len(todo), key)
+    computed = {s.key: computed[s.key] for s in todo}  # in the embedded order
     return {"layouts": layouts, "choices": {k: list(v) for k, v in CHOICES.items()},
             "gpus_per_node": GPUS_PER_NODE, "max_gpus": MAX_GPUS, "captions": CAPTIONS,
             "order": "tp-cp-ep-dp-pp", "scenarios": computed,
             "base": {m: BASE[m].key for m in BASE}, "controls": controls(),
             "served": served}
+
+
+def _keyed(s: Scenario) -> tuple[str, dict]:
+    return s.key, scenario_data(s)
+
+
+def _computed(todo: list, jobs: Optional[int]) -> Iterator[tuple[str, dict]]:
+    """(key, data) of each scenario as it is done: in this process, or over a pool of
+    worker processes (each a scenario at a time: the real runs' ranks are threads, and
+    NumPy's arithmetic holds the GIL for work this small)."""
+    jobs = min(jobs or os.cpu_count() or 1, len(todo))
+    if jobs <= 1:
+        yield from map(_keyed, todo)
+        return
+    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+        futures = [pool.submit(_keyed, s) for s in todo]
+        for f in concurrent.futures.as_completed(futures):
+            yield f.result()
 
 
 def controls() -> dict:
@@ -142,9 +164,11 @@ def controls() -> dict:
 
 def write_demo(path: str, extra: Iterable[tuple[int, int, int]] = (),
                scenarios: Optional[Iterable[Scenario]] = None,
-               progress: Optional[Callable[[int, int, str], None]] = None) -> dict:
-    """Write the self-contained page to `path`; return the data it embeds."""
-    data = demo_data(extra, scenarios, progress)
+               progress: Optional[Callable[[int, int, str], None]] = None,
+               jobs: Optional[int] = None) -> dict:
+    """Write the self-contained page to `path`; return the data it embeds (demo_data's
+    arguments)."""
+    data = demo_data(extra, scenarios, progress, jobs=jobs)
     with open(path, "w", encoding="utf-8") as f:
         f.write(render_page(data))
     return data

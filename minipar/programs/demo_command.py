@@ -8,8 +8,9 @@ of a layout with its tp, pp and dp groups (the seed's layouts embedded from Para
 each --layout adds one; any other is computed in the page by the same rule). Data, state
 and performance: one training step's batch, memory and time, from real runs of a tiny GPT
 and from the dry run or the planner for a Llama 3 70B-sized one (programs/demo_scenario.py
-says which are embedded). Writing the page computes those scenarios, about ten seconds; on
-a terminal a progress line counts them on stderr. The written file needs no network.
+says which are embedded). Writing the page computes those scenarios, one worker process a
+core (about 10 s on one core, 4.5 s on two); on a terminal a progress line counts them on
+stderr. The written file needs no network.
 With --serve the page is served on a local port and computes any other scenario its
 controls ask for (demo_serve.py); Ctrl-C stops it.
 """

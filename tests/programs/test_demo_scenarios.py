@@ -268,3 +268,12 @@ def test_the_state_modes_figures_in_the_docs_are_the_planners():
                            ((3, "selective"), "ZeRO-3 with selective recompute {:.1f} GiB"),
                            ((3, "full"), "ZeRO-3 with full {:.1f} GiB")):
         assert quoted.format(peak[(z, r)]) in text
+
+
+def test_worker_processes_compute_the_same_page_data():
+    """demo_data's jobs: the scenarios computed over two processes are the ones computed
+    here, key by key and in the embedded order (the runs are deterministic)."""
+    todo = [Scenario("tiny", 1, 1, 1, 1), Scenario("tiny", 2, 1, 1, 1), BASE["70b"]]
+    one = demo_data(scenarios=todo, jobs=1)["scenarios"]
+    two = demo_data(scenarios=todo, jobs=2)["scenarios"]
+    assert list(two) == [s.key for s in todo] and two == one
