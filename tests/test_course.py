@@ -215,3 +215,25 @@ def test_on_ranks_hands_back_the_learners_exception_with_its_rank():
     with pytest.raises(AssertionError, match=r"rank 0: x: expected") as info:
         on_ranks(program, 2)
     assert "(raised on rank 0 of 2)" in info.value.__notes__
+
+
+def test_the_course_map_is_the_lessons():
+    """docs/course.md's map: one row a lesson, in order; its reading time is the prose's
+    words at 200 a minute, rounded up; its exercises are the solution's; the lessons it
+    names as coming first are earlier ones."""
+    import math
+    import re
+
+    from minipar.course.exercises import exercises_in
+    text = (ROOT / "docs" / "course.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d\d) [^|]+\| ([^|]+) \| (\d+) min \| (\d+) \|", text, re.M)
+    assert [r[0] for r in rows] == [lesson.number for lesson in LESSONS]
+    for lesson, (number, after, minutes, exercises) in zip(LESSONS, rows):
+        cells = lesson.path("lesson").read_text(encoding="utf-8").split("# %%")
+        prose = " ".join(c for c in cells if c.startswith(" [markdown]"))
+        words = [w for w in prose.replace("#", " ").split() if any(ch.isalpha() for ch in w)]
+        assert int(minutes) == math.ceil(len(words) / 200), (number, len(words))
+        solution = lesson.path("solution").read_text(encoding="utf-8")
+        assert int(exercises) == len(exercises_in(solution)), number
+        needs = [] if after.strip() == "—" else [n.strip() for n in after.split(",")]
+        assert all(n < number for n in needs), (number, needs)
