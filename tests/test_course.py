@@ -237,3 +237,23 @@ def test_the_course_map_is_the_lessons():
         assert int(exercises) == len(exercises_in(solution)), number
         needs = [] if after.strip() == "—" else [n.strip() for n in after.split(",")]
         assert all(n < number for n in needs), (number, needs)
+
+
+def test_every_section_the_checklist_table_names_exists():
+    """docs/course.md's table of the seeds' checklist and incidents: each 'lesson NN §k'
+    (and '§k–m', 'and §k') names a numbered section '# ## k.' of that lesson."""
+    import re
+    text = (ROOT / "docs" / "course.md").read_text(encoding="utf-8")
+    table = text.split("## Where the seeds' checklist", 1)[1].split("\n## ", 1)[0]
+    named = 0
+    for number, sections in re.findall(r"lesson (\d\d)((?: §\d+(?:–\d+)?(?: and)?)*)", table):
+        if not sections:  # a whole lesson, or one still to be written
+            continue
+        lesson = find_lesson(number)
+        heads = re.findall(r"^# ## (\d+)\.", lesson.path("lesson").read_text(encoding="utf-8"),
+                           re.M)
+        for lo, hi in re.findall(r"§(\d+)(?:–(\d+))?", sections):
+            for k in range(int(lo), int(hi or lo) + 1):
+                assert str(k) in heads, f"lesson {number} has no section {k}"
+                named += 1
+    assert named >= 25
