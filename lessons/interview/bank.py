@@ -1,7 +1,9 @@
-"""Interview questions on lessons 00-10, each answered with numbers minipar computes.
+"""Interview questions on lessons 00-10, and open design and debugging questions, each
+answered with numbers minipar computes.
 
     python lessons/interview/bank.py                 every question, with its answer
     python lessons/interview/bank.py --lesson 03     the questions on lesson 03
+    python lessons/interview/bank.py --lesson design the open design and debugging questions
     python lessons/interview/bank.py --id q21        one question
     python lessons/interview/bank.py --quiz          the questions alone, to answer first
 
@@ -11,8 +13,10 @@ the answer shows: from minipar's planning formulas (minipar.plan), its cost mode
 (minipar.runtime.cost), the pipeline schedules and their dry run (minipar.parallel.pp),
 and small runs on simulated devices (minipar.launch). Nothing in an answer is typed in by
 hand: change the example data and every number follows. Lessons 06 to 10 keep their
-questions in bank_06.py ... bank_10.py beside this file, loaded below; the command and
-QUESTIONS hold them all.
+questions in bank_06.py ... bank_10.py beside this file, and the open design and debugging
+questions ("pick TP/PP/DP for 70B on 512 GPUs", "NCCL timeout at step 10k", ...), answered
+with the planner's search and runs on simulated devices, are in bank_design.py; all are
+loaded below, and the command and QUESTIONS hold them all.
 
 The example data are deliberately uneven (13B on 24 GPUs, 96 MiB over 6 ranks, s = 3000,
 b = 5, t = 4, ...) so that an answer cannot come out right by a lucky coincidence of two
@@ -65,7 +69,7 @@ LESSONS = {"00": "The memory wall", "01": "Collectives", "02": "Data parallelism
            "05": "Pipeline parallelism", "06": "Zero-bubble pipelines and DualPipe",
            "07": "3-D composition and topology",
            "08": "Mixture of experts and expert parallelism", "09": "Context parallelism",
-           "10": "Planning a run"}
+           "10": "Planning a run", "design": "Open design and debugging questions"}
 
 
 @dataclass(frozen=True)
@@ -1769,12 +1773,21 @@ bank_09 = load_part("bank_09.py")  # lesson 09: context parallelism
 QUESTIONS += [Question(**entry) for entry in bank_09.ENTRIES]
 bank_10 = load_part("bank_10.py")  # lesson 10: planning a run
 QUESTIONS += [Question(**entry) for entry in bank_10.ENTRIES]
+bank_design = load_part("bank_design.py")  # open design and debugging questions
+QUESTIONS += [Question(**entry) for entry in bank_design.ENTRIES]
 
 
 # ---- printing -------------------------------------------------------------------------
 def lesson_key(text: str) -> str:
-    """'3', '03' or '03_zero' -> '03'."""
-    return str(text).split("_")[0].zfill(2)
+    """'3', '03' or '03_zero' -> '03'; 'design' or 'Design' -> 'design'."""
+    return str(text).split("_")[0].zfill(2).lower()
+
+
+def heading(lesson: str, title: str, count: int) -> str:
+    """'=== Lesson 03 — ZeRO and FSDP (6 questions) ===' ('=== Open design ... ===')."""
+    noun = "question" if count == 1 else "questions"
+    name = f"Lesson {lesson} — {title}" if lesson.isdigit() else title
+    return f"=== {name} ({count} {noun}) ==="
 
 
 def format_entry(q: Question, show_answer: bool = True, width: int = 92) -> str:
@@ -1789,9 +1802,11 @@ def format_entry(q: Question, show_answer: bool = True, width: int = 92) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description="Interview questions on lessons 00-10, "
-                                     "answered with numbers minipar computes.")
-    parser.add_argument("--lesson", help="only this lesson's questions (e.g. 03)")
+    parser = argparse.ArgumentParser(description="Interview questions on lessons 00-10, and "
+                                     "open design and debugging questions, answered with "
+                                     "numbers minipar computes.")
+    parser.add_argument("--lesson", help="only this lesson's questions (e.g. 03; 'design': "
+                        "the open design and debugging questions)")
     parser.add_argument("--id", help="only this question (e.g. q21)")
     parser.add_argument("--quiz", action="store_true", help="questions only, no answers")
     args = parser.parse_args(argv)
@@ -1804,8 +1819,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for lesson, title in LESSONS.items():
         entries = [q for q in chosen if q.lesson == lesson]
         if entries:
-            noun = "question" if len(entries) == 1 else "questions"
-            print(f"\n=== Lesson {lesson} — {title} ({len(entries)} {noun}) ===\n")
+            print(f"\n{heading(lesson, title, len(entries))}\n")
             print("\n\n".join(format_entry(q, show_answer=not args.quiz) for q in entries))
     return 0
 
