@@ -240,11 +240,11 @@ def test_the_course_map_is_the_lessons():
 
 
 def test_every_section_the_checklist_table_names_exists():
-    """docs/course.md's table of the seeds' checklist and incidents: each 'lesson NN §k'
+    """docs/course.md's table of the tuning checklist and incidents: each 'lesson NN §k'
     (and '§k–m', 'and §k') names a numbered section '# ## k.' of that lesson."""
     import re
     text = (ROOT / "docs" / "course.md").read_text(encoding="utf-8")
-    table = text.split("## Where the seeds' checklist", 1)[1].split("\n## ", 1)[0]
+    table = text.split("## Where the tuning checklist", 1)[1].split("\n## ", 1)[0]
     named = 0
     for number, sections in re.findall(r"lesson (\d\d)((?: §\d+(?:–\d+)?(?: and)?)*)", table):
         if not sections:  # a whole lesson, or one still to be written

@@ -13,7 +13,6 @@ import importlib.util
 import itertools
 import math
 import os
-import string
 import subprocess
 import sys
 from fractions import Fraction
@@ -25,17 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 BANK_PATH = ROOT / "lessons" / "interview" / "bank.py"
 
 
-def load_bank():
-    spec = importlib.util.spec_from_file_location("interview_bank", BANK_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-bank = load_bank()
+_spec = importlib.util.spec_from_file_location(  # the shared checks, loaded by path
+    "interview_checks", Path(__file__).resolve().parent / "interview_checks.py")
+checks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(checks)
+bank = checks.load(BANK_PATH, "interview_bank")
 BY_ID = {q.id: q for q in bank.QUESTIONS}
-VALUES = {q.id: q.values() for q in bank.QUESTIONS}
+VALUES = checks.LazyValues(BY_ID)
 # the lessons' questions; the open design and debugging ones (bank_design.py) have their
 # numbers checked in tests/test_interview_design.py
 LESSON_IDS = sorted(q.id for q in bank.QUESTIONS if q.lesson != "design")
@@ -878,10 +873,6 @@ INHERENT.update({
 })
 
 
-def placeholders(fmt):
-    return [(name, spec) for _, name, spec, _ in string.Formatter().parse(fmt) if name]
-
-
 # ---- the bank's shape ------------------------------------------------------------------
 def test_at_least_25_questions_and_4_per_lesson_12_and_8_for_pipelines():
     assert len(bank.QUESTIONS) >= 25
@@ -901,52 +892,19 @@ def test_at_least_25_questions_and_4_per_lesson_12_and_8_for_pipelines():
 
 @pytest.mark.parametrize("qid", LESSON_IDS)
 def test_every_placeholder_is_filled_and_every_value_is_shown(qid):
-    q, values = BY_ID[qid], VALUES[qid]
-    in_question = {name for name, _ in placeholders(q.question)}
-    in_answer = {name for name, _ in placeholders(q.answer)}
-    computed = set(values) - set(q.given)
-    assert in_question <= set(q.given), "the question shows only the example data"
-    assert set(q.given) <= in_question | in_answer, "unused example data"
-    assert computed <= in_answer, f"computed but not shown: {computed - in_answer}"
-    assert in_question | in_answer <= set(values), "a placeholder with no value"
-    assert not set(q.compute(**q.given)) & set(q.given), "compute shadows the example data"
-    question, answer = q.render(values)
-    for text in (question, answer):
-        assert "{" not in text and "}" not in text
+    checks.check_shown(BY_ID[qid], VALUES[qid])
 
 
 @pytest.mark.parametrize("qid", LESSON_IDS)
 def test_every_number_equals_the_hand_formula(qid):
-    values, expected = VALUES[qid], EXPECTED[qid]
-    assert set(values) == set(expected), (set(values) ^ set(expected))
-    for key, want in expected.items():
-        got = values[key]
-        if callable(want):
-            assert want(got), f"{qid}.{key} = {got!r} is out of its expected range"
-        elif isinstance(want, (str, list)):
-            assert got == want, f"{qid}.{key}: expected {want!r}, got {got!r}"
-        elif isinstance(want, int) and isinstance(got, int):
-            assert got == want, f"{qid}.{key}: expected {want}, got {got}"
-        else:
-            assert got == pytest.approx(want, rel=1e-9, abs=1e-12), \
-                f"{qid}.{key}: expected {want!r}, got {got!r}"
+    checks.check_numbers(qid, VALUES[qid], EXPECTED[qid])
 
 
 @pytest.mark.parametrize("qid", LESSON_IDS)
 def test_no_two_numbers_in_an_answer_coincide_unless_they_must(qid):
     """Uneven example data: two different quantities never print the same number, so a
     reader (or a test) cannot mistake one formula's result for another's."""
-    q, values = BY_ID[qid], VALUES[qid]
-    shown = collections.defaultdict(set)
-    for name, spec in placeholders(q.question) + placeholders(q.answer):
-        v = values[name]
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            shown[format(v, spec)].add(name)
-    allowed = INHERENT.get(qid, [])
-    for text, names in shown.items():
-        if len(names) > 1:
-            assert any(names <= group for group in allowed), \
-                f"{qid}: {sorted(names)} all print as {text}"
+    checks.check_distinct(BY_ID[qid], VALUES[qid], INHERENT.get(qid, []))
 
 
 # ---- what the answers claim, beyond the numbers -----------------------------------------

@@ -11,12 +11,9 @@ run of the same data.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import importlib.util
 import math
-import string
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,18 +30,14 @@ ROOT = Path(__file__).resolve().parents[1]
 BANK_PATH = ROOT / "lessons" / "interview" / "bank.py"
 
 
-def load_bank():
-    spec = importlib.util.spec_from_file_location("interview_bank_design_tests", BANK_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-bank = load_bank()
+_spec = importlib.util.spec_from_file_location(  # the shared checks, loaded by path
+    "interview_checks", Path(__file__).resolve().parent / "interview_checks.py")
+checks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(checks)
+bank = checks.load(BANK_PATH, "interview_bank_design_tests")
 DESIGN = [q for q in bank.QUESTIONS if q.lesson == "design"]
 BY_ID = {q.id: q for q in DESIGN}
-VALUES = {q.id: q.values() for q in DESIGN}
+VALUES = checks.LazyValues(BY_ID)
 
 GIB, GB = 2**30, 10**9
 H100, A100 = CLUSTERS["h100"], CLUSTERS["a100"]
@@ -294,10 +287,6 @@ INHERENT = {
 }
 
 
-def placeholders(fmt):
-    return [(name, spec) for _, name, spec, _ in string.Formatter().parse(fmt) if name]
-
-
 # ---- the part's shape --------------------------------------------------------------------
 def test_ten_to_twelve_design_questions_numbered_after_lesson_10():
     assert 10 <= len(DESIGN) <= 12
@@ -312,51 +301,19 @@ def test_ten_to_twelve_design_questions_numbered_after_lesson_10():
 @pytest.mark.parametrize("qid", sorted(BY_ID))
 def test_every_placeholder_is_filled_and_every_value_is_shown(qid):
     q, values = BY_ID[qid], VALUES[qid]
-    in_question = {name for name, _ in placeholders(q.question)}
-    in_answer = {name for name, _ in placeholders(q.answer)}
-    computed = set(values) - set(q.given)
-    assert in_question <= set(q.given), "the question shows only the example data"
-    assert set(q.given) <= in_question | in_answer, "unused example data"
-    assert computed <= in_answer, f"computed but not shown: {computed - in_answer}"
-    assert in_question | in_answer <= set(values), "a placeholder with no value"
-    assert not set(q.compute(**q.given)) & set(q.given), "compute shadows the example data"
-    question, answer = q.render(values)
-    for text in (question, answer):
-        assert "{" not in text and "}" not in text
-    sentences = [s for s in answer.replace("e.g.", "eg").split(". ") if s.strip()]
+    checks.check_shown(q, values)
+    sentences = [s for s in q.render(values)[1].replace("e.g.", "eg").split(". ") if s.strip()]
     assert 2 <= len(sentences) <= 9, "a short worked answer"
 
 
 @pytest.mark.parametrize("qid", sorted(BY_ID))
 def test_every_number_equals_the_independent_route(qid):
-    values, expected = VALUES[qid], EXPECTED[qid]
-    assert set(values) == set(expected), (set(values) ^ set(expected))
-    for key, want in expected.items():
-        got = values[key]
-        if callable(want):
-            assert want(got), f"{qid}.{key} = {got!r} is out of its expected range"
-        elif isinstance(want, str):
-            assert got == want, f"{qid}.{key}: expected {want!r}, got {got!r}"
-        elif isinstance(want, int) and isinstance(got, int):
-            assert got == want, f"{qid}.{key}: expected {want}, got {got}"
-        else:
-            assert got == pytest.approx(want, rel=1e-9, abs=1e-12), \
-                f"{qid}.{key}: expected {want!r}, got {got!r}"
+    checks.check_numbers(qid, VALUES[qid], EXPECTED[qid])
 
 
 @pytest.mark.parametrize("qid", sorted(BY_ID))
 def test_no_two_numbers_in_an_answer_coincide_unless_they_must(qid):
-    q, values = BY_ID[qid], VALUES[qid]
-    shown = collections.defaultdict(set)
-    for name, spec in placeholders(q.question) + placeholders(q.answer):
-        v = values[name]
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            shown[format(v, spec)].add(name)
-    allowed = INHERENT.get(qid, [])
-    for text, names in shown.items():
-        if len(names) > 1:
-            assert any(names <= group for group in allowed), \
-                f"{qid}: {sorted(names)} all print as {text}"
+    checks.check_distinct(BY_ID[qid], VALUES[qid], INHERENT.get(qid, []))
 
 
 # ---- what the answers claim, beyond the numbers -------------------------------------------
