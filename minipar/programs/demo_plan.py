@@ -12,15 +12,15 @@
 
 from __future__ import annotations
 
-from ..parallel.mesh import ParallelDims
 from ..plan.layout import Layout
 from ..plan.presets import CLUSTERS, MODELS
 from ..plan.rank_memory import rank_memory
 from ..plan.sized import as_gpt
 from ..plan.step_time import step_time
+from ..plan.step_tail import Representative
 from ..plan.timeline import timeline
 from ..runtime.ledger import CATEGORIES
-from .demo_rows import groups_of, journey, model_flops, numbers, row
+from .demo_rows import journey, model_flops, numbers, row
 from .demo_scenario import Scenario, check
 
 CLUSTER = "a100"
@@ -43,16 +43,15 @@ def model_info(gpt) -> dict:
             "parameters": gpt.parameters()}
 
 
-def coordinate(s: Scenario, rank: int) -> dict:
-    """A rank's coordinate in ParallelDims' default order (tp fastest, then dp, then pp)."""
-    return {"pp_stage": rank // (s.tp * s.dp), "dp_replica": rank // s.tp % s.dp,
-            "tp_index": rank % s.tp}
+def groups(rep: Representative, world: int) -> dict:
+    """A representative rank's groups as demo_rows.group_kind reads them."""
+    return {"tp": list(rep.tp), "dp": list(rep.dp), "pp": list(rep.pp),
+            "mp": list(rep.model_parallel), "world": list(range(world))}
 
 
 def plan(s: Scenario) -> dict:
     """The scenario's page data from the dry run, or the planner under ZeRO."""
     check(s)
-    assert ParallelDims(dp_replicate=s.dp, tp=s.tp, pp=s.pp).world_size == s.gpus
     gpt, cluster = as_gpt(MODELS[MODEL]), CLUSTERS[CLUSTER]
     nodes = -(-s.gpus // cluster.gpus_per_node)
     topo = cluster.topology(nodes)
@@ -83,9 +82,9 @@ def plan(s: Scenario) -> dict:
             memory[c] = acts if c == "activations" else [states[c]] * len(t)
         pk = dict(states, activations=max(acts))
         pk["total"] = sum(states.values()) + max(acts)
-        rows.append(row(r.rank, dict(coordinate(s, r.rank), node=r.rank //
-                                     cluster.gpus_per_node), r.events, 0.0, T, bandwidth,
-                        memory, pk))
+        here = {"pp_stage": r.pipeline_rank, "dp_replica": 0, "tp_index": 0,  # tp = dp = 0
+                "node": r.rank // cluster.gpus_per_node}
+        rows.append(row(r.rank, here, r.events, 0.0, T, bandwidth, memory, pk))
     return dict(out, source="dry-run",
                 source_text=f"the dry run of one train_step of {gpt.name} on {s.gpus} "
                             f"{topo.device.name} GPUs (the same events as a real run, "
@@ -93,8 +92,8 @@ def plan(s: Scenario) -> dict:
                             f"its tp and dp peers do the same",
                 numbers=numbers(rows, T, flops, s.gpus, peak), rows=rows,
                 journey=journey({r.rank: r.events for r in tl.ranks},
-                                {r.rank: groups_of(s.dp, s.tp, s.pp, r.rank)
-                                 for r in tl.ranks}, 0.0))
+                                {r.rank: groups(Representative(layout, r.pipeline_rank),
+                                                s.gpus) for r in tl.ranks}, 0.0))
 
 
 def _planner(s: Scenario, gpt, layout: Layout, cluster, nodes: int, flops: float,
@@ -106,8 +105,8 @@ def _planner(s: Scenario, gpt, layout: Layout, cluster, nodes: int, flops: float
     pk["other"] = 0
     pk["total"] = sum(pk.values())
     T = st.seconds
-    rows = [dict(coordinate(s, 0), rank=0, node=0, actions=[], cells="", split=None,
-                 memory=None, peak=pk)]
+    rows = [dict(pp_stage=0, dp_replica=0, tp_index=0, rank=0, node=0, actions=[], cells="",
+                 split=None, memory=None, peak=pk)]
     return {"source": "planner",
             "source_text": f"the planner (formulas, validated against published "
                            f"measurements): the dry run does not model ZeRO-{s.zero}, so "

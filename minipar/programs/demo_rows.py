@@ -49,7 +49,8 @@ KINDS = ("tp", "dp", "pp", "mp", "world")
 def group_kind(e: Event, groups: dict) -> str:
     """Which of this rank's groups the event's ranks are: 'tp', 'dp', 'pp', 'mp' (the
     model-parallel group, tp x pp: the gradient norm's all-reduce) or 'world', the first
-    that matches; 'p2p' for a send or receive; 'other' for any other group."""
+    that matches; 'p2p' for a send or receive; 'other' for any other group. `groups`:
+    each kind's sorted ranks (ParallelGroups' on a real run, the dry run's Representative)."""
     if e.stream in ("p2p", "recv"):
         return "p2p"
     ranks = tuple(sorted(e.group or ()))
@@ -57,19 +58,6 @@ def group_kind(e: Event, groups: dict) -> str:
         if ranks == tuple(groups[k]):
             return k
     return "other"
-
-
-def groups_of(dp: int, tp: int, pp: int, rank: int) -> dict:
-    """A rank's groups in ParallelDims' default order (rank = i_tp + tp·(i_dp + dp·i_pp)),
-    as group_kind reads them (demo_run holds them to ParallelGroups')."""
-    t, d, p = rank % tp, rank // tp % dp, rank // (tp * dp)
-
-    def at(t, d, p):
-        return t + tp * (d + dp * p)
-    return {"tp": [at(i, d, p) for i in range(tp)], "dp": [at(t, i, p) for i in range(dp)],
-            "pp": [at(t, d, i) for i in range(pp)],
-            "mp": sorted(at(i, d, j) for i in range(tp) for j in range(pp)),
-            "world": list(range(dp * tp * pp))}
 
 
 def resample(times: Sequence[float], totals: Sequence[dict], n: int) -> tuple[list, list]:

@@ -23,7 +23,7 @@ from ..runtime.device import DeviceSpec
 from ..runtime.launch import launch
 from ..runtime.ledger import CATEGORIES
 from ..runtime.topology import Topology
-from .demo_rows import groups_of, journey, memory_series, model_flops, numbers, row
+from .demo_rows import journey, memory_series, model_flops, numbers, row
 from .demo_scenario import TINY, Scenario, check
 
 GPUS_PER_NODE = 8
@@ -50,17 +50,14 @@ def topology(gpus: int) -> Topology:
     return Topology.nodes(gpus // GPUS_PER_NODE, GPUS_PER_NODE, DeviceSpec.a100_80gb())
 
 
-def coordinates(s: Scenario, dims: ParallelDims) -> dict:
+def coordinates(dims: ParallelDims) -> dict:
     """rank -> its coordinate and groups, as ParallelGroups builds them (call inside a
     launch of dims.world_size ranks)."""
     out = {}
     for r in range(dims.world_size):
         g = ParallelGroups(dims, rank=r)
-        mine = groups_of(s.dp, s.tp, s.pp, r)
-        if (mine["tp"], mine["dp"], mine["pp"]) != (list(g.tp.ranks), list(g.dp.ranks),
-                                                     list(g.pp.ranks)):
-            raise AssertionError(f"rank {r}: demo_rows.groups_of disagrees with "
-                                 f"ParallelGroups of {dims}")
+        mine = {"tp": list(g.tp.ranks), "dp": list(g.dp.ranks), "pp": list(g.pp.ranks),
+                "mp": sorted(g.model_parallel.ranks), "world": list(range(dims.world_size))}
         out[r] = {"pp_stage": g.coordinate["pp"], "dp_replica": g.dp_rank,
                   "tp_index": g.coordinate["tp"], "groups": mine}
     return out
@@ -110,7 +107,7 @@ def run(s: Scenario) -> dict:
         peak = {c: ctx.ledger.peak(c) for c in CATEGORIES}
         peak["total"] = ctx.ledger.peak()
         return (t0, start, list(ctx.trace.events), list(ctx.ledger.history), peak,
-                float(loss), ctx.clock.elapsed(), coordinates(s, dims) if ctx.rank == 0 else None)
+                float(loss), ctx.clock.elapsed(), coordinates(dims) if ctx.rank == 0 else None)
 
     topo = topology(s.gpus)
     res = launch(step, s.gpus, topology=topo)
