@@ -53,6 +53,7 @@ been reached; if every unfinished rank waits, ScheduleDeadlockError names who wa
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Real
@@ -227,9 +228,8 @@ def dry_run(lowered: Schedule, durations: Durations,
     and "F&B" for a pair taken as one block) as seconds or one per stage; p2p: seconds per
     message, or a function of the Message (its src and dst ranks name the link, its kind
     activations or gradients)."""
-    info = validate_schedule(lowered)
-    msgs = check_deadlock(lowered, info)
     block = PAIR in durations if isinstance(durations, Mapping) else False
+    info, msgs, pairs, half, peak = _structure(lowered, block)
     table = _table(durations, {k for row in lowered for a in row if a.is_compute
                                for k in ((PAIR,) if block and isinstance(a, OverlapFB)
                                          else (b.kind for b in parts(a)))}, info.stages)
@@ -239,9 +239,6 @@ def dry_run(lowered: Schedule, durations: Durations,
                             f"function of the Message), got {p2p!r}")
     P = len(lowered)
     clock = _Clock(P, cost)
-    pairs = [{} if block else pair_overlap(row) for row in lowered]
-    half = [{q: k for k, ends in rank.items() for q in ends if q is not None}
-            for rank in pairs]  # position of a message timed by its pair's half -> the pair
     at = [0] * P
     while any(at[r] < len(lowered[r]) for r in range(P)):
         for r, row in enumerate(lowered):  # deadlock-free: some rank always moves on
@@ -277,7 +274,6 @@ def dry_run(lowered: Schedule, durations: Durations,
     finish = tuple(max(n, s) for n, s in zip(now, stream))
     makespan = max(finish)
     idle = tuple(makespan - b for b in busy)
-    peak = peak_in_flight(lowered)
     start = tuple(next(s.start for s in row if s.action.is_compute) for row in spans)
     period = max(f - s for f, s in zip(finish, start))
     return DryRun(makespan, tuple(busy), idle, finish,
@@ -286,6 +282,31 @@ def dry_run(lowered: Schedule, durations: Durations,
                   tuple(Fraction(peak[r], len(info.stages_of(r))) for r in range(P)),
                   tuple(tuple(s) for s in spans), info, start, period,
                   _ratio(P * period - sum(busy), sum(busy)))
+
+
+_STRUCTURES: OrderedDict = OrderedDict()  # the last few schedules' structure, see below
+_KEEP = 16
+
+
+def _structure(lowered: Schedule, block: bool) -> tuple:
+    """What a dry run needs of the lists alone, whatever the durations: (ScheduleInfo, each
+    action's Message, each rank's (F; B) pairs, the positions a pair's half times, the peak
+    in flight), the lists validated and checked for deadlock. A planner times one schedule
+    under many durations (each layout of a search, each calibration), so the last few are
+    kept, keyed by the lists' contents: an edited list is checked anew."""
+    key = (tuple(map(tuple, lowered)), block)
+    if key in _STRUCTURES:
+        _STRUCTURES.move_to_end(key)
+        return _STRUCTURES[key]
+    info = validate_schedule(lowered)
+    msgs = check_deadlock(lowered, info)
+    pairs = [{} if block else pair_overlap(row) for row in lowered]
+    half = [{q: k for k, ends in rank.items() for q in ends if q is not None}
+            for rank in pairs]  # position of a message timed by its pair's half -> the pair
+    _STRUCTURES[key] = found = (info, msgs, pairs, half, peak_in_flight(lowered))
+    if len(_STRUCTURES) > _KEEP:
+        _STRUCTURES.popitem(last=False)
+    return found
 
 
 class _Clock:

@@ -107,6 +107,24 @@ def test_a_deadlocking_lowered_schedule_is_reported_with_who_waits_on_what():
         "but is itself waiting at 0RECV_B0 (position 1)"]
 
 
+def test_a_schedule_timed_again_is_timed_alike_and_an_edited_one_is_checked_again():
+    """The dry run keeps the last schedules' structure (validation, messages, peaks), keyed
+    by the lists' contents: the same lists under other durations give what a first run
+    gives, and lists edited in place into a deadlock are refused, not served from before."""
+    lowered = lower(schedule("1f1b", 3, 5))
+    first = dry_run(lowered, {"F": 1, "B": 2})
+    again = dry_run([list(row) for row in lowered], {"F": 3, "B": 1})
+    fresh = dry_run(lower(schedule("1f1b", 3, 5)), {"F": 3, "B": 1})
+    assert (again.makespan, again.timeline, again.peak_in_flight) == \
+        (fresh.makespan, fresh.timeline, fresh.peak_in_flight) != \
+        (first.makespan, first.timeline, first.peak_in_flight)
+    rows = [list(r) for r in parse_schedule(GOOD)]
+    dry_run(rows, {"F": 1, "B": 2})
+    rows[0][1:3] = rows[0][2:0:-1]  # 0RECV_B0 before 0SEND_F0: the deadlock above
+    with pytest.raises(ScheduleDeadlockError):
+        dry_run(rows, {"F": 1, "B": 2})
+
+
 GOOD = ["0F0 0SEND_F0 0RECV_B0 0B0", "1RECV_F0 1F0 1B0 1SEND_B0"]  # lower(1f1b, p=2, m=1)
 
 
