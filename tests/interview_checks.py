@@ -3,7 +3,8 @@
 by path, as they load the bank.
 
     bank = load(BANK_PATH, "name")         lessons/interview/bank.py, loaded by path
-    values = LazyValues(by_id)            each question's values, computed when first asked
+    values = LazyValues(by_id)            each question's values, computed when first asked,
+                                          once per process (computed(q))
     check_shown(q, values)                every placeholder filled, every value shown
     check_numbers(qid, values, expected)  every number equals its independent route
     check_distinct(q, values, allowed)    no two quantities print the same number by chance
@@ -25,12 +26,27 @@ BANK_PATH = Path(__file__).resolve().parents[1] / "lessons" / "interview" / "ban
 
 def load(path: Path, name: str):
     """The Python file at `path` as a module called `name` (registered in sys.modules:
-    dataclasses look their module up while a class is built)."""
+    dataclasses look their module up while a class is built). Loaded once per process:
+    every test file that loads the bank gets the same module, and so shares the values its
+    questions computed (computed(q))."""
+    shared = f"interview_checks.loaded:{Path(path).resolve()}"
+    if shared in sys.modules:
+        return sys.modules[shared]
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+    sys.modules[shared] = module
     return module
+
+
+def computed(q) -> dict:
+    """What q.compute(**q.given) returns, computed once per process for every test file
+    (kept beside the bank's module, which all of them share)."""
+    store = vars(sys.modules[type(q).__module__]).setdefault("_computed_by_the_tests", {})
+    if q.id not in store:
+        store[q.id] = q.compute(**q.given)
+    return store[q.id]
 
 
 class LazyValues(dict):
@@ -42,7 +58,8 @@ class LazyValues(dict):
         self.by_id = by_id
 
     def __missing__(self, qid):
-        self[qid] = self.by_id[qid].values()
+        q = self.by_id[qid]
+        self[qid] = {**q.given, **computed(q)}  # Question.values(), computed once
         return self[qid]
 
 
@@ -58,7 +75,7 @@ def check_shown(q, values: dict) -> None:
     assert set(q.given) <= in_question | in_answer, "unused example data"
     assert computed <= in_answer, f"computed but not shown: {computed - in_answer}"
     assert in_question | in_answer <= set(values), "a placeholder with no value"
-    assert not set(q.compute(**q.given)) & set(q.given), "compute shadows the example data"
+    assert not set(computed(q)) & set(q.given), "compute shadows the example data"
     question, answer = q.render(values)
     for text in (question, answer):
         assert "{" not in text and "}" not in text
