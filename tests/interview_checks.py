@@ -70,10 +70,10 @@ def placeholders(fmt: str) -> list:
 def check_shown(q, values: dict) -> None:
     in_question = {name for name, _ in placeholders(q.question)}
     in_answer = {name for name, _ in placeholders(q.answer)}
-    computed = set(values) - set(q.given)
+    results = set(values) - set(q.given)
     assert in_question <= set(q.given), "the question shows only the example data"
     assert set(q.given) <= in_question | in_answer, "unused example data"
-    assert computed <= in_answer, f"computed but not shown: {computed - in_answer}"
+    assert results <= in_answer, f"computed but not shown: {results - in_answer}"
     assert in_question | in_answer <= set(values), "a placeholder with no value"
     assert not set(computed(q)) & set(q.given), "compute shadows the example data"
     question, answer = q.render(values)
