@@ -155,7 +155,7 @@ def test_the_last_stage_carries_the_logits_and_the_dry_run_charges_them():
     """1T on 64 stages of 2 layers: the last also runs the logits and the loss, 8.5 % more
     a micro-batch, and 1F1B runs at the pace of its slowest stage: the bubble is the
     closed form's 12.3 % plus about 8 %."""
-    st_ = table5()["1t", "selective"][2]
+    st_ = table5_row("1t", "selective")[2]
     assert st_.forward[-1] / st_.forward[1] == pytest.approx(1.085, abs=0.005)
     assert st_.bubble_fraction == pytest.approx(
         float(analytic_bubble("1f1b", 64, 512)) + 0.082, abs=0.002)
@@ -254,15 +254,18 @@ def korthikanti_layout(tp, pp, v, B, b, rec) -> Layout:
 
 
 @lru_cache(maxsize=None)
+def table5_row(name: str, rec: str, e_max: float = A100_MEGATRON.e_max) -> tuple:
+    """(minipar's seconds, published seconds, StepTime) of one model and recompute mode."""
+    _, tp, pp, v, B, b, full, sel = next(row for row in KORTHIKANTI if row[0] == name)
+    st_ = step_time(MODELS[name], korthikanti_layout(tp, pp, v, B, b, rec), A100,
+                    A100_MEGATRON.with_e_max(e_max))
+    return st_.seconds, full if rec == "full" else sel, st_
+
+
 def table5(e_max: float = A100_MEGATRON.e_max) -> dict:
     """(model, recompute) -> (minipar's seconds, published seconds, StepTime)."""
-    out = {}
-    for name, tp, pp, v, B, b, full, sel in KORTHIKANTI:
-        for rec, pub in (("full", full), ("selective", sel)):
-            st_ = step_time(MODELS[name], korthikanti_layout(tp, pp, v, B, b, rec), A100,
-                            A100_MEGATRON.with_e_max(e_max))
-            out[name, rec] = (st_.seconds, pub, st_)
-    return out
+    return {(row[0], rec): table5_row(row[0], rec, e_max) for row in KORTHIKANTI
+            for rec in ("full", "selective")}
 
 
 def test_korthikanti_table5_iteration_times():
@@ -296,7 +299,7 @@ def test_the_calibration_is_the_zero_mean_fit_over_table5():
 def test_flops_py_gives_the_readme_mfu_at_the_published_times(name, gpus, mfu):
     """Megatron-LM's README: MFU with SP + selective recompute for Table 5's runs. The model
     FLOPs at the published time give it; minipar's MFU is at minipar's time."""
-    t, pub, st_ = table5()[name, "selective"]
+    t, pub, st_ = table5_row(name, "selective")
     assert 100 * st_.model_flops / (pub * gpus * 312e12) == pytest.approx(mfu, abs=0.3)
     assert st_.mfu == pytest.approx(st_.model_flops / (t * gpus * 312e12), rel=1e-12)
 
