@@ -38,8 +38,31 @@ the next tensor's is made. So
 
     ledger.peak("gradients") = 2Ψ + 4·n_max      n_max = elements of the largest 16-bit p
 
-instead of the 2Ψ + 4Ψ = 6Ψ of converting all gradients at once. (Megatron-LM keeps a
-float32 gradient buffer permanently, `main_grad`, that backward accumulates into.)
+instead of the 2Ψ + 4Ψ = 6Ψ of converting all gradients at once.
+
+Float32 gradient accumulation, `main_grad=True` (Megatron-LM's `main_grad`, which its
+`accumulate_allreduce_grads_in_fp32` turns on, as it does for every bf16 run; Narayanan et
+al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"):
+
+    main₃₂ ← main₃₂ + float32(g₁₆^(i))   for each micro-batch i;   step on main₃₂ / S
+
+Each 16-bit parameter's gradient *is* a float32 buffer, made at construction and kept:
+`p.grad` is it, so every backward adds its 16-bit gradient into float32 (`Parameter.
+accumulate` rounds each contribution to the parameter's dtype, as the backward computes
+it, then adds). Summing k micro-batches in bf16 instead rounds every partial sum to 8
+significant bits: the error grows with k, while in float32 it stays at the 16-bit
+gradients' own rounding. The step reads the buffer directly (no transient copy; a loss
+scale is divided out in place, once), and `zero_grad()` zeroes it in place. Memory:
+
+    parameters        2Ψ   16-bit p.data
+    gradients         4Ψ   float32 main_grad           ("grad:{name}", held for good)
+    optimizer_states 12Ψ   float32 masters, Adam m, v
+    total            18Ψ   (16Ψ without: 2 bytes of gradient become 4)
+
+Every 16-bit parameter is stepped, a zero gradient where no backward reached it (Megatron
+steps its whole gradient buffer). The data-parallel engines take the same option
+(`DistributedDataParallel(..., main_grad=True)`, `ZeroEngine`): their gradient buffers are
+float32, so the reduction over the ranks adds in float32 too (docs/data_parallel.md).
 Parameters that are already float32 (or float64) get no master: the inner optimizer
 updates them directly, after their gradients are unscaled in place.
 
@@ -79,12 +102,18 @@ class MixedPrecisionOptimizer:
 
     `inner_cls(master_params, **kwargs)` builds the inner optimizer. `step()` returns
     whether the step was taken (False when the loss scaler found an overflow).
+    `main_grad=True`: every 16-bit parameter's gradient is a float32 buffer that each
+    backward adds into (Megatron's main_grad, module docstring): 18 bytes a parameter.
     """
 
     def __init__(self, inner_cls: type[Optimizer], params: Iterable[Parameter],
                  dtype: Union[str, np.dtype] = "bfloat16",
                  loss_scaler: Union[DynamicLossScaler, None, str] = "auto",
-                 max_grad_norm: Optional[float] = None, **kwargs: Any):
+                 max_grad_norm: Optional[float] = None, main_grad: bool = False,
+                 **kwargs: Any):
+        if not isinstance(main_grad, (bool, np.bool_)):
+            raise TypeError(f"main_grad is True (float32 gradient accumulation) or False, "
+                            f"got {main_grad!r}")
         self.dtype = half_dtype(dtype)
         self.params: list[Parameter] = list(params)
         self._ledger = current().ledger
@@ -106,6 +135,13 @@ class MixedPrecisionOptimizer:
                 stepped.append(p)
         self._stepped = stepped
         self.inner = inner_cls(stepped, **kwargs)
+        # name -> float32 [shape]: each 16-bit parameter's gradient, for good (main_grad)
+        self.main_grads: dict[str, np.ndarray] = {}
+        self._main_names: dict[str, str] = {}  # name -> the ledger name it is held under
+        if main_grad:
+            for p in self.params:
+                if p.name in self.masters:
+                    self._attach_main_grad(p)
         if isinstance(loss_scaler, str):
             if loss_scaler != "auto":
                 raise ValueError(f"loss_scaler must be 'auto', None or a DynamicLossScaler, "
@@ -131,11 +167,61 @@ class MixedPrecisionOptimizer:
         """Multiply the loss (the gradient fed into backward) by this; 1.0 without a scaler."""
         return self.loss_scaler.scale if self.loss_scaler is not None else 1.0
 
+    @property
+    def main_grad(self) -> bool:
+        """Whether 16-bit parameters accumulate their gradients in float32 buffers."""
+        return bool(self.main_grads)
+
     def zero_grad(self) -> None:
-        """Drop the model's gradients (and any float32 copies, were a step interrupted)."""
+        """Drop the model's gradients (and any float32 copies, were a step interrupted);
+        with main_grad, zero the float32 buffers in place (they stay the gradients)."""
         self._free_master_grads()
         for p in self.params:
+            if p.name in self.main_grads:
+                if p.grad is not self.main_grads[p.name]:  # freed or replaced: attach again
+                    self._detach_main_grad(p)
+                    self._attach_main_grad(p)
+                self.main_grads[p.name].fill(0)
+            else:
+                p.free_grad()
+
+    # ---- main_grad: the float32 gradient buffers ----------------------------------------
+    def _attach_main_grad(self, p: Parameter) -> None:
+        """Make p.grad a float32 buffer held for good (an existing gradient is kept in it)."""
+        main = np.zeros(p.shape, dtype=np.float32)
+        if p.grad is not None:
+            main += p.grad.astype(np.float32)
             p.free_grad()
+        # under p's own name when p keeps its gradient on the ledger, so that p.free_grad()
+        # gives these bytes back; else under the optimizer's
+        name = (f"grad:{p.name}" if getattr(p, "_ledger", None) is not None
+                else f"optim:{p.name}.main_grad")
+        self._ledger.hold(name, main, "gradients")
+        p.grad = main
+        self.main_grads[p.name] = main
+        self._main_names[p.name] = name
+
+    def _detach_main_grad(self, p: Parameter) -> None:
+        """Give the buffer's bytes back (unless p.free_grad() already did) and drop p.grad."""
+        name = self._main_names.pop(p.name)
+        main = self.main_grads.pop(p.name)
+        if p.grad is main:
+            p.grad = None
+            self._ledger.release(name)
+        elif name.startswith("optim:"):
+            self._ledger.release(name)
+        else:  # p.free_grad() released it; whatever p holds now is a gradient of its own
+            p.free_grad()
+
+    def _check_main_grads(self) -> None:
+        for p in self.params:
+            main = self.main_grads.get(p.name)
+            if main is not None and p.grad is not main:
+                raise RuntimeError(
+                    f"the gradient of {p.name} is no longer its float32 main_grad buffer "
+                    f"(got {None if p.grad is None else p.grad.dtype}): something freed or "
+                    "replaced it (p.free_grad(), a model's zero_grad()?), so the backward "
+                    "accumulated elsewhere. Call this optimizer's zero_grad() instead")
 
     def step(self) -> bool:
         """Unscale and check, clip, step and round back, one tensor at a time. True if taken.
@@ -144,7 +230,11 @@ class MixedPrecisionOptimizer:
         every optimizer in this package does: `step` runs that update parameter by parameter.
         """
         scale = self.loss_scale  # S of this step: update() below may change it
+        self._check_main_grads()
         work = [p for p in self.params if p.grad is not None]
+        if scale != 1.0:  # main_grad: unscale the float32 buffers in place, once
+            for main in self.main_grads.values():
+                np.divide(main, main.dtype.type(scale), out=main)
         try:
             coef = 1.0
             if self.loss_scaler is not None or self.max_grad_norm is not None:
@@ -197,8 +287,12 @@ class MixedPrecisionOptimizer:
 
     def _grad32(self, p: Parameter, scale: float) -> Parameter:
         """Put float32(p.grad) / S on p's master as its gradient, charged to the ledger as
-        `optim:{name}.grad32`; return the master."""
+        `optim:{name}.grad32`; return the master. With main_grad the buffer itself, already
+        unscaled (step() divided it), nothing charged."""
         master = self.masters[p.name]
+        if p.name in self.main_grads:
+            master.grad = self.main_grads[p.name]
+            return master
         g = p.grad.astype(np.float32)
         if scale != 1.0:  # the division of DynamicLossScaler.unscale_and_check
             np.divide(g, g.dtype.type(scale), out=g)
@@ -207,7 +301,8 @@ class MixedPrecisionOptimizer:
         return master
 
     def _free_grad32(self, name: str) -> None:
-        self._ledger.release(f"optim:{name}.grad32")
+        if name not in self.main_grads:
+            self._ledger.release(f"optim:{name}.grad32")
         self.masters[name].grad = None
 
     def _update_one(self, p: Parameter) -> None:
@@ -224,8 +319,11 @@ class MixedPrecisionOptimizer:
 
     # ---- memory and checkpoints -------------------------------------------------------
     def release(self) -> None:
-        """Give back the masters' and the inner optimizer's bytes."""
+        """Give back the masters', the main_grad buffers' and the inner optimizer's bytes."""
         self._free_master_grads()
+        for p in self.params:
+            if p.name in self.main_grads:
+                self._detach_main_grad(p)
         for name in list(self.masters):
             self._ledger.release(f"optim:{name}.master")
         self.masters.clear()
@@ -271,4 +369,5 @@ class MixedPrecisionOptimizer:
 
     def __repr__(self) -> str:
         return (f"MixedPrecisionOptimizer({self.inner!r}, dtype={self.dtype}, "
-                f"masters={len(self.masters)}, loss_scale={self.loss_scale:g})")
+                f"masters={len(self.masters)}, loss_scale={self.loss_scale:g}"
+                + (", main_grad=True" if self.main_grads else "") + ")")

@@ -30,7 +30,9 @@ Parallel Training", sections 3.2 and 4.2.) What it does, in order:
    buckets of their own, and scaled by 1/ep after the average (engine.py says why).
 
 Memory (bf16 weights, float32 master and Adam moments): 2Psi weights + 2Psi buckets +
-12Psi optimizer states = 16Psi bytes per rank, with no padding (an all-reduce needs none).
+12Psi optimizer states = 16Psi bytes per rank, with no padding (an all-reduce needs none);
+with `main_grad=True` the buckets are float32 (engine.py): 2Psi + 4Psi + 12Psi = 18Psi, and
+the all-reduce adds and sends float32.
 Traffic per step, ring all-reduce: 2(N-1)/N * Psi elements sent by each rank.
 """
 
@@ -80,6 +82,8 @@ class DistributedDataParallel(DataParallelEngine):
                     (engine.py; parallel.mesh.parallelize passes it)
     experts:        how a mixture of experts' expert parameters are reduced (engine.py's
                     ExpertDataParallel; parallelize passes it), None: like the others
+    main_grad:      float32 buckets for a bfloat16 model: gradients accumulate and are
+                    all-reduced in float32 (Megatron's main_grad; engine.py)
     """
 
     stage = 0
@@ -88,10 +92,11 @@ class DistributedDataParallel(DataParallelEngine):
                  process_group: Optional[ProcessGroup] = None, bucket_cap_mb: float = 25.0,
                  max_grad_norm: Optional[float] = None,
                  model_parallel: Optional[ModelParallelNorm] = None,
-                 experts: Optional[ExpertDataParallel] = None, **optimizer_kwargs):
+                 experts: Optional[ExpertDataParallel] = None, main_grad: bool = False,
+                 **optimizer_kwargs):
         _check_optimizer(optimizer_cls, optimizer_kwargs)
         super().__init__(model, process_group or current().world, None, max_grad_norm,
-                         model_parallel, experts)
+                         model_parallel, experts, main_grad=main_grad)
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
         self.bucket_cap_bytes = bucket_cap_mb * MIB
@@ -157,7 +162,7 @@ class DistributedDataParallel(DataParallelEngine):
                     or self._reduced_over(order[i + 1][1])[0] != group):
                 k = len(buckets)
                 flat = FlatParameter(f"bucket{k}", current_ps, 1)
-                buf = np.zeros(flat.padded_numel, dtype=self.dtype)  # buf: [numel]
+                buf = np.zeros(flat.padded_numel, dtype=self.grad_dtype)  # buf: [numel]
                 self._ledger.hold(f"ddp:bucket{k}", buf, "gradients")
                 flat.use_grads(buf)
                 buckets.append(Bucket(k, flat, buf, frozenset(current_units), group, scale))
@@ -192,8 +197,26 @@ class DistributedDataParallel(DataParallelEngine):
             self._launch(self.buckets[self._next_bucket])
             self._next_bucket += 1
         if unit == ROOT:  # the end of the backward: wait for every bucket
+            if self._next_bucket < len(self.buckets):
+                self._never_launched()
             self._wait_reductions()
             self._unsynced = False
+
+    def _never_launched(self) -> None:
+        """The backward ended with buckets never launched: some unit ran no backward, so
+        its parameters took no part in the loss, and those buckets (and the ones after
+        them, launched in order) would stay unreduced on this rank while the others reduce
+        or wait. PyTorch's DDP refuses the same at the next iteration (find_unused_parameters)."""
+        left = self.buckets[self._next_bucket:]
+        unused = sorted(set().union(*(b.units for b in left)) - self._done)
+        raise RuntimeError(
+            f"rank {current().rank}: the backward ended, but DDP's bucket {left[0].index} "
+            f"never fired: unit(s) {unused} ran no backward, so their parameters were not "
+            f"used in producing the loss, and {len(left)} of the {len(self.buckets)} "
+            "buckets (launched in order) were never averaged: the replicas would drift "
+            "apart, or the ranks that used them would wait. Use every parameter in every "
+            "forward on every rank, or leave the unused ones out of the model (PyTorch's "
+            "DDP refuses this too, unless built with find_unused_parameters=True)")
 
     def _launch(self, b: Bucket) -> None:
         b.launched = True

@@ -44,6 +44,10 @@ first rank, as Megatron's `param_is_not_tensor_parallel_duplicate`:
 
     ||g||^2 = all_reduce over the model-parallel group of
               (sum over the shard group of the squares this rank counts)
+
+`main_grad=True` (Megatron-LM's, Narayanan et al. 2021): buffer₃₂ += float32(g₁₆) each
+backward, reduced in float32: 4 bytes of gradient a parameter (DDP 18Ψ; ZeRO-1, Megatron's
+distributed optimizer, 6Ψ + 12Ψ/N), twice the bytes sent (sharded_optimizer.grad_dtype).
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ from ...runtime.context import current
 from ...runtime.group import ProcessGroup
 from .experts import ExpertDataParallel
 from .flat import FlatShard
-from .sharded_optimizer import ShardedOptimizer, check_optimizer_class, is_half
+from .sharded_optimizer import ShardedOptimizer, check_optimizer_class, grad_dtype, is_half
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,7 @@ class DataParallelEngine:
     def __init__(self, model, group: ProcessGroup, shard_group: Optional[ProcessGroup],
                  max_grad_norm: Optional[float],
                  model_parallel: Optional[ModelParallelNorm] = None,
-                 experts: Optional[ExpertDataParallel] = None):
+                 experts: Optional[ExpertDataParallel] = None, main_grad: bool = False):
         ctx = current()
         self.experts = experts  # how expert parameters are reduced (DDP only; None: none)
         for g in (group, shard_group, model_parallel and model_parallel.group):
@@ -174,6 +178,8 @@ class DataParallelEngine:
             raise TypeError("float16 training needs loss scaling, which the data-parallel "
                             "engines do not implement; use dtype='bfloat16' (float32's range)")
         self.mixed_precision = is_half(self.dtype)
+        self.grad_dtype = grad_dtype(main_grad, self.dtype)  # the gradient buffers' dtype
+        self.main_grad = bool(main_grad)
         self.optimizer: ShardedOptimizer  # made by the subclass
         # False inside no_sync(). A pipeline rank's units have no ROOT, so no hook ends
         # its backward: it reduces only when told, in finish_grad_sync()
@@ -363,8 +369,8 @@ class DataParallelEngine:
         self.optimizer.set_step_count(int(sd["meta/step"]))
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(stage={self.stage}, group={self.group}, "
-                f"dtype={self.dtype}, max_grad_norm={self.max_grad_norm})")
+        return (f"{type(self).__name__}(stage={self.stage}, group={self.group}, dtype="
+                f"{self.dtype}, max_grad_norm={self.max_grad_norm}, main_grad={self.main_grad})")
 
 
 def accumulate_gradients(model, engine: DataParallelEngine,

@@ -62,6 +62,19 @@ def is_half(dtype: np.dtype) -> bool:
     return np.dtype(dtype) in HALF_DTYPES.values()
 
 
+def grad_dtype(main_grad: bool, dtype: np.dtype) -> np.dtype:
+    """The dtype of an engine's gradient buffers: float32 with `main_grad` (Megatron's
+    float32 main_grad of a bfloat16 model: micro-batches accumulate, and ranks are reduced,
+    in float32), else the weights' own."""
+    if not isinstance(main_grad, (bool, np.bool_)):
+        raise TypeError(f"main_grad is True (float32 gradient buffers) or False, got "
+                        f"{main_grad!r}")
+    if main_grad and not is_half(dtype):
+        raise ValueError(f"main_grad=True keeps float32 gradients for a bfloat16 model; "
+                         f"this one is {np.dtype(dtype)}: leave main_grad off")
+    return np.dtype(np.float32) if main_grad else np.dtype(dtype)
+
+
 def check_optimizer_class(inner_cls: type) -> None:
     if not (isinstance(inner_cls, type) and issubclass(inner_cls, Adam)):
         raise TypeError(
@@ -156,11 +169,13 @@ class ShardedOptimizer:
             stepped = master if master is not None else piece.data
             for (name, lo, hi), w in zip(piece.segments, ws):
                 g = g_piece[lo:hi]
-                if master is not None or coef != 1.0 or g.dtype != stepped.dtype:
+                copied = coef != 1.0 or g.dtype != stepped.dtype
+                if copied:
                     g = g.astype(stepped.dtype)  # float32 copy (float64 in float64)
-                # else: the reduced gradient itself; Adam only reads it (its first act is a
-                # copy, p.grad.astype), so the bits are the same and one copy is saved
-                charge = master is not None  # the transient float32 copy (as in mixed_precision)
+                # else: the reduced gradient itself (float32 main_grad buffers too); Adam
+                # only reads it (its first act is a copy, p.grad.astype), so the bits are
+                # the same and one copy is saved
+                charge = master is not None and copied  # the transient float32 copy
                 if charge:
                     self._ledger.hold(f"optim:{name}.grad32", g, "gradients")
                 try:

@@ -90,19 +90,23 @@ class ZeroEngine(DataParallelEngine):
     replicate_group:  optional group across which shards are replicated (HYBRID_SHARD):
                       gradients are averaged over shard group x replicate group
     model_parallel:   with a model split across ranks, how its gradient norm is completed
+    main_grad:        float32 gradient buffers for a bfloat16 model (engine.py): stage 1
+                      with it is Megatron's distributed optimizer, 6Psi' + 12Psi'/N
     """
 
     def __init__(self, model, optimizer_cls: type = AdamW, *, stage: int = 1,
                  process_group: Optional[ProcessGroup] = None,
                  replicate_group: Optional[ProcessGroup] = None,
                  max_grad_norm: Optional[float] = None,
-                 model_parallel: Optional[ModelParallelNorm] = None, **optimizer_kwargs):
+                 model_parallel: Optional[ModelParallelNorm] = None, main_grad: bool = False,
+                 **optimizer_kwargs):
         if stage not in self._stages():
             raise ValueError(f"{type(self).__name__} implements ZeRO stage(s) {self._stages()}, "
                              f"got stage={stage!r}; use zero_engine(model, stage=...) for 0-3")
         _check_optimizer(optimizer_cls, optimizer_kwargs)
         shard = process_group or current().world
-        super().__init__(model, shard, shard, max_grad_norm, model_parallel)
+        super().__init__(model, shard, shard, max_grad_norm, model_parallel,
+                         main_grad=main_grad)
         self.stage = stage
         self.replicate_group = replicate_group
         if replicate_group is not None and current().rank not in replicate_group:
@@ -147,17 +151,17 @@ class ZeroEngine(DataParallelEngine):
 
     def _place_gradients(self, u: UnitState) -> None:
         if self.stage == 1:  # the whole gradient buffer, for good
-            u.grad = np.zeros(u.flat.padded_numel, dtype=self.dtype)  # [padded]
+            u.grad = np.zeros(u.flat.padded_numel, dtype=self.grad_dtype)  # [padded]
             self._ledger.hold(f"zero:{u.name}.grad", u.grad, "gradients")
             u.flat.use_grads(u.grad)
         else:  # only the averaged shard between steps
-            u.grad_shard = np.zeros(u.flat.shard_numel, dtype=self.dtype)  # [shard]
+            u.grad_shard = np.zeros(u.flat.shard_numel, dtype=self.grad_dtype)  # [shard]
             self._ledger.hold(f"zero:{u.name}.grad_shard", u.grad_shard, "gradients")
 
     def _open_gradient(self, u: UnitState) -> None:
         """Before a unit's backward: make sure its whole gradient buffer exists."""
         if u.grad is None:  # stages 2-3: a whole buffer for this backward, freed once reduced
-            u.grad = np.zeros(u.flat.padded_numel, dtype=self.dtype)  # [padded]
+            u.grad = np.zeros(u.flat.padded_numel, dtype=self.grad_dtype)  # [padded]
             self._ledger.hold(f"zero:{u.name}.grad_full", u.grad, "gradients")
             u.flat.use_grads(u.grad)
         detached = u.flat.detached_grads()
