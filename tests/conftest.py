@@ -22,6 +22,13 @@ settings.register_profile("dev", deadline=None, max_examples=25)
 settings.register_profile("thorough", deadline=None, max_examples=300)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# The lesson tests rerun lessons in their own process (runpy) to read their variables:
+# there, figures would be drawn beside the lessons and cost a second or so each. No
+# figures in this process and its children, unless a test asks (the run_lesson fixture
+# below gives each lesson's script run a directory of its own, and the notebook tests
+# and tests/viz/test_figures.py set their own).
+os.environ["MINIPAR_FIGURES"] = "none"
+
 
 def by_steps(model, ids, tgt, rng, k):
     """embed -> blocks 0..k -> blocks k..L -> head, then the backwards in reverse: the
@@ -46,34 +53,56 @@ def gpt_steps():
 
 @dataclass(frozen=True)
 class LessonRun:
-    """What `python lessons/NN_topic/lesson.py` did: its exit status, output, and the
-    processor (user + system) and wall seconds its process took."""
+    """What `python lessons/NN_topic/lesson.py` did: its exit status, output, the
+    processor (user + system) and wall seconds its process took, and the directory its
+    figures went to ($MINIPAR_FIGURES: empty, or absent, if it drew none)."""
 
     returncode: int
     stdout: str
     stderr: str
     cpu: float
     wall: float
+    figures: Path
 
 
-@functools.lru_cache(maxsize=None)
-def _run_lesson(path: str) -> LessonRun:
-    """Run a lesson file with plain python, once per test process (several tests read its
-    output and time)."""
+def _run_lesson(path: str, figures: Path) -> LessonRun:
+    """Run a lesson file with plain python, its figures written to `figures`."""
     root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=str(root), MPLBACKEND="Agg")
+    env = dict(os.environ, PYTHONPATH=str(root), MPLBACKEND="Agg", MINIPAR_FIGURES=str(figures))
     before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     proc = subprocess.run([sys.executable, path], cwd=root, env=env, capture_output=True,
                           text=True, timeout=60)
     after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - start
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return LessonRun(proc.returncode, proc.stdout, proc.stderr, cpu, wall)
+    return LessonRun(proc.returncode, proc.stdout, proc.stderr, cpu, wall, figures)
 
 
 @pytest.fixture(scope="session")
-def run_lesson():
-    """run_lesson(path) -> LessonRun, each lesson file run once per test process."""
-    return _run_lesson
+def run_lesson(tmp_path_factory, worker_id):
+    """run_lesson(path) -> LessonRun: each lesson file run once for the whole test run (a
+    lesson takes 3-8 s, and tests in several xdist workers read its output, time and
+    figures: the first to ask runs it, under a lock, and the others read what it left),
+    its figures in a directory of the run's (one per lesson), not beside the lesson."""
+    import fcntl
+    import json
+
+    root = tmp_path_factory.getbasetemp()  # this run's, and with xdist its workers' parent
+    root = (root if worker_id == "master" else root.parent) / "lessons_run"
+    root.mkdir(exist_ok=True)
+
+    @functools.lru_cache(maxsize=None)
+    def run(path: str) -> LessonRun:
+        name = Path(path).parent.name
+        saved = root / f"{name}.json"
+        with open(root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not saved.exists():
+                done = _run_lesson(path, root / name)
+                saved.write_text(json.dumps({**done.__dict__, "figures": str(done.figures)}),
+                                 encoding="utf-8")
+            data = json.loads(saved.read_text(encoding="utf-8"))
+        return LessonRun(**{**data, "figures": Path(data["figures"])})
+    return run
 
 
 @pytest.fixture(scope="session")

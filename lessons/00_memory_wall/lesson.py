@@ -29,6 +29,7 @@ from minipar.optim import AdamW, MixedPrecisionOptimizer
 from minipar.parallel import ParallelDims, parallelize
 from minipar.plan import (activation_bytes_per_layer, format_memory_report, memory_report,
                           model_state_bytes, zero_figure1)
+from minipar.viz import figures
 
 GB = 1e9  # decimal gigabytes, as GPU datasheets count them: an H100 has 80 GB
 
@@ -108,6 +109,14 @@ counts = {"ZeRO's 16 (bf16 gradients)": model_state_bytes(psi_b, stage=0, dp=1),
 for label, c in counts.items():
     print(f"7B, {label:<44} {c['total'] / psi_b:5.2f} bytes a parameter = "
           f"{c['total'] / GB:6.1f} GB per GPU")
+
+# %%
+figures.bars("00_bytes_per_parameter", "Model states of a 7B model, bytes a parameter",
+             list(counts), {"bf16 weights": [c["parameters"] / psi_b for c in counts.values()],
+                            "gradients": [c["gradients"] / psi_b for c in counts.values()],
+                            "fp32 master, m, v": [c["optimizer_states"] / psi_b
+                                                  for c in counts.values()]},
+             ylabel="bytes a parameter", stacked=True, annotate="{:.2f}")
 
 # %% [markdown]
 # So compare like with like: a Megatron run of a 7B model holds 126 GB of states where
@@ -247,6 +256,23 @@ for name, m in shapes.items():
     print(f"{name:>5}: full recomputation keeps {L * inputs / GB:5.1f} GB of inputs; its peak "
           f"is {((L - 1) * inputs + stored) / GB:5.1f} GB with stored scores, "
           f"{((L - 1) * inputs + flash) / GB:5.1f} GB with FlashAttention")
+
+# %%
+# The 8B shape's activations, all 32 layers, from 1k to 128k tokens (the tables above are
+# its 8,192-token column): stored scores grow as s², the rest as s
+lengths, m8 = [2**k for k in range(10, 18)], shapes["8B"]
+kept8 = {"scores stored": [activation_bytes_per_layer(n, 1, m8["h"], m8["a"]) * m8["layers"]
+                           for n in lengths],
+         "FlashAttention": [(activation_bytes_per_layer(n, 1, m8["h"], m8["a"], "selective")
+                             + 4 * m8["a"] * n) * m8["layers"] for n in lengths],
+         "full recomputation's peak, FlashAttention": [
+             activation_bytes_per_layer(n, 1, m8["h"], m8["a"], "full") * (m8["layers"] - 1)
+             + activation_bytes_per_layer(n, 1, m8["h"], m8["a"], "selective")
+             + 4 * m8["a"] * n for n in lengths]}
+figures.lines("00_activations", "Activations of the 8B shape (32 layers, b = 1) against s",
+              lengths, {k: [v / GB for v in vs] for k, vs in kept8.items()},
+              xlabel="sequence length s (tokens)", ylabel="GB of activations", logx=True,
+              logy=True, hline=(80, "an H100's 80 GB"))
 
 # %% [markdown]
 # **The logits** are not in any layer's count. The head turns each of the s·b tokens into

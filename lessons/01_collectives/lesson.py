@@ -32,7 +32,7 @@ import numpy as np
 import minipar as mp
 from minipar.runtime import cost, reference
 from minipar.runtime.algorithms import ring_all_reduce, ring_schedule
-from minipar.viz.timeline import render_timeline
+from minipar.viz import figures, render_timeline
 
 GB = 1e9
 MiB = 2**20
@@ -358,6 +358,14 @@ print(f"n = 8: {ring_sent[8]:,.0f} bytes per GPU around the ring, {switch_sent[8
       f"through the switch ({ring_sent[8] / S_small:.2f}x and {switch_sent[8] / S_small:.2f}x "
       "the buffer)")
 
+# %%
+figures.lines("01_ring_against_switch", "Bytes each GPU sends for one all-reduce of S bytes",
+              list(ring_sent), {"ring (sends)": [v / S_small for v in ring_sent.values()],
+                                "2(n − 1)/n": [2 * (k - 1) / k for k in ring_sent],
+                                "through a switch that adds": [v / S_small for v in
+                                                               switch_sent.values()]},
+              xlabel="GPUs n", ylabel="bytes sent per GPU / S", hline=(2, "2S"))
+
 # %% [markdown]
 # So "no all-reduce can do with less" holds for host-driven all-reduces only. With the
 # additions in the switch, each GPU's link carries S out and S in, where the ring needs
@@ -556,10 +564,19 @@ for name, t, alg, bus in mp.launch(three_collectives, 8)[0]:
 # %%
 one_node = mp.Topology.single_node(8)
 print(f"{'S (bytes)':>14}{'time':>12}{'algbw':>12}{'busbw':>12}")
+sweep = {}  # S -> (algbw, busbw)
 for size in (2**10, 2**16, 2**20, 2**24, 2**28, 2**32):
     t = cost.collective_cost("all_reduce", size, range(8), one_node).seconds
+    sweep[size] = (cost.algbw(size, t), cost.busbw("all_reduce", size, t, 8))
     print(f"{size:>14,}{us(t):>12}{gbs(cost.algbw(size, t)):>12}"
           f"{gbs(cost.busbw('all_reduce', size, t, 8)):>12}")
+
+# %%
+figures.lines("01_busbw", "All-reduce on 8 GPUs of one node: algbw and busbw against S",
+              list(sweep), {"busbw": [bus / GB for _, bus in sweep.values()],
+                            "algbw": [alg / GB for alg, _ in sweep.values()]},
+              xlabel="S (bytes)", ylabel="GB/s", logx=True,
+              hline=(nvlink.bandwidth / GB, f"{nvlink.name}'s {nvlink.bandwidth / GB:.0f} GB/s"))
 
 # %% [markdown]
 # Reading a measurement: a busbw near the link's bandwidth means the collective is as

@@ -35,7 +35,7 @@ from minipar.nn import GPT, GPTConfig
 from minipar.optim import SGD, AdamW, clip_coef, global_grad_norm
 from minipar.parallel import DistributedDataParallel, accumulate_gradients
 from minipar.runtime.cost import collective_cost, ring_all_reduce_time
-from minipar.viz.timeline import measure, render_timeline
+from minipar.viz import figures, measure, render_timeline
 
 MIB = 2**20  # bucket_cap_mb counts MiB, as PyTorch does
 US = 1e-6
@@ -296,6 +296,18 @@ for label in ("25 MiB (PyTorch's default)", "2 blocks"):
     print(f"\n{label}:")
     print(render_timeline(runs[label], DP, width=64, start=runs[label][0]))
 
+# %%
+split = {label: measure(res, DP, start=res[0])[0] for label, res in runs.items()}  # rank 0
+figures.bars("02_overlap", "One DDP step on 2 H100s: where the time goes, by bucket cap",
+             list(split), {"compute": [t.compute / US for t in split.values()],
+                           "exposed communication": [t.exposed_comm / US
+                                                     for t in split.values()]},
+             ylabel="µs of the step (rank 0)", stacked=True, annotate="{:.1f}")
+figures.timelines("02_ddp_buckets", "One DDP step on the clock: one bucket, or buckets of "
+                  "2 blocks under the backward", {label: runs[label] for label in
+                                                  ("25 MiB (PyTorch's default)", "2 blocks")},
+                  starts={label: res[0] for label, res in runs.items()})
+
 # %% [markdown]
 # With one 25 MiB bucket nothing overlaps: the all-reduce starts when the backward is over,
 # and the whole of it is exposed. With two blocks a bucket, the first all-reduce starts
@@ -339,6 +351,11 @@ for label, (nodes, per_node) in layouts.items():
     t_stars[label] = cost.seconds * cluster.device.peak("bfloat16") / (4 * PSI_7B)
     print(f"  N = {nodes * per_node:>3} ({label:<13}) {cost.algorithm:<12} "
           f"T* = {t_stars[label]:6,.0f} tokens per rank")
+
+# %%
+figures.bars("02_t_star", "T*: tokens per rank above which the backward can hide the "
+             "all-reduce (7B, bf16)", list(t_stars), {"T*": list(t_stars.values())},
+             ylabel="tokens per rank", annotate="{:,.0f}")
 
 # %% [markdown]
 # Inside a node T* rises from 1,099 tokens at N = 2 to 1,924 at N = 8, and can never pass

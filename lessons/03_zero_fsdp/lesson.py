@@ -39,6 +39,7 @@ from minipar.optim import AdamW
 from minipar.parallel import FullyShardedDataParallel, ShardingStrategy, zero_engine
 from minipar.parallel.dp import accumulate_gradients
 from minipar.plan import STAGE_NAMES, dp_comm_elements, flat_padding, model_state_bytes
+from minipar.viz import figures
 
 GB = 1e9
 
@@ -67,6 +68,16 @@ for stage, name in STAGE_NAMES.items():
     per_rank = model_state_bytes(psi, stage, n)["total"]
     print(f"  {name:<18} {per_rank / GB:7.2f} GB per rank, {n * per_rank / GB:7.1f} GB in the "
           f"cluster = {n * per_rank / (16 * psi):4.2f} copies of the 16Ψ model state")
+
+# %%
+by_stage = {name: model_state_bytes(psi, stage, n) for stage, name in STAGE_NAMES.items()}
+figures.bars("03_zero_memory", f"Model states per rank, 7B on N = {n}, by ZeRO stage",
+             list(by_stage), {"bf16 weights": [c["parameters"] / GB for c in by_stage.values()],
+                              "bf16 gradients": [c["gradients"] / GB for c in by_stage.values()],
+                              "Adam (fp32 master, m, v)": [c["optimizer_states"] / GB
+                                                           for c in by_stage.values()]},
+             ylabel="GB per rank", stacked=True, annotate="{:.1f}",
+             hline=(80, "an H100's 80 GB"))
 
 # %% [markdown]
 # Only ZeRO-3 keeps exactly one copy. ZeRO-1 and ZeRO-2 still replicate the bf16 weights
@@ -374,6 +385,15 @@ for key in ("zero2", "zero3", "zero3_limit"):
     comm = r["peak"]["comm_buffers"]
     print(f"  {r['label']:<30} peak communication buffers {comm:>7,} B = "
           f"{comm / block_bytes:4.2f} whole blocks of {block_bytes:,} B")
+
+# %%
+incident = [result["scenarios"][key] for key in ("zero2", "zero3", "zero3_limit")]
+figures.bars("03_incident_c", f"Incident C on {cfg_c.num_layers} layers: the peak per rank, "
+             "and the all-gathers' share of it", [r["label"] for r in incident],
+             {"peak of all categories": [r["peak"]["total"] / 2**10 for r in incident],
+              "its communication buffers' own peak": [r["peak"]["comm_buffers"] / 2**10
+                                                      for r in incident]},
+             ylabel="KiB per rank", annotate="{:,.0f}")
 
 # %% [markdown]
 # ZeRO-3's parameters column is well below ZeRO-2's (shards, plus the root and the block in

@@ -48,6 +48,7 @@ from minipar.parallel.tp.vocab import (VocabParallelEmbedding, vocab_parallel_cr
                                     vocab_parallel_cross_entropy_backward)
 from minipar.parallel import ParallelDims, parallelize
 from minipar.plan import activation_bytes_per_layer
+from minipar.viz import figures
 
 GB = 1e9
 worst = lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max())  # max |a - b|
@@ -504,6 +505,15 @@ for label, tp_size, sp, recompute in rows:
 print(f"(in the tensor-parallel row, 10·sbh = {10 * s * b * h / GB:.2f} GB a layer, "
       f"{10 * s * b * h * layers / GB:.1f} GB in all, is the same on every GPU)")
 
+# %%
+figures.bars("04_activations", f"Activations per GPU of a 70B-like model ({layers} layers, "
+             f"s = {s:,}), t = {t}", [label for label, *_ in rows],
+             {"GB per GPU": [layers * activation_bytes_per_layer(
+                 s, b, h, a, recompute, tp=tp_size, sequence_parallel=sp) / GB
+                 for _, tp_size, sp, recompute in rows]},
+             ylabel="GB of activations per GPU", annotate="{:,.1f}",
+             hline=(80, "an H100's 80 GB"))
+
 # %% [markdown]
 # Tensor parallelism alone leaves the 10·sbh between the blocks whole on every GPU; with
 # sequence parallelism every term divides by t, and with selective recomputation of the
@@ -613,6 +623,13 @@ for (label, group, algorithm, seconds), (*_, ring_seconds) in zip(auto, ring):
     print(f"  {label:<8} {str(list(group)):<25} {algorithm:<13}{seconds * 1e6:6.1f} us "
           f"({seconds / base:4.1f}x)   flat ring {ring_seconds * 1e6:6.1f} us "
           f"({ring_seconds / base:4.1f}x)")
+
+# %%
+figures.bars("04_placement", "A 2 MiB all-reduce on 2 nodes of 4 A100s, by where its GPUs are",
+             [f"{label} ({algorithm})" for label, _, algorithm, _ in auto],
+             {"the cost model's choice": [seconds * 1e6 for *_, seconds in auto],
+              "a flat ring": [seconds * 1e6 for *_, seconds in ring]},
+             ylabel="µs", annotate="{:.0f}")
 
 # %% [markdown]
 # A ring is as slow as the slowest link it crosses; a hierarchical all-reduce (reduce-

@@ -46,7 +46,7 @@ from minipar.parallel.pp import (B, F, Action, PipelineRunner, ScheduleError, bu
                                  dry_run, format_schedule, lower, placement, schedule)
 from minipar.plan import activation_bytes_per_layer
 from minipar.programs.incidents import pipeline_bubble
-from minipar.viz.timeline import render_timeline
+from minipar.viz import figures, render_timeline
 
 EQUAL = {"F": 1, "B": 2}  # equal stages: t_F = 1, t_B = 2 (a backward ~ two forwards)
 SLOW = mp.DeviceSpec("slow", {"float64": 1e9}, 10**12)  # 1 GFLOP/s: compute > a message
@@ -306,6 +306,28 @@ try:
 except ScheduleError as e:
     refusal = str(e)
 print(f"m = 6 on p = 4: {refusal}")
+
+# %%
+# Sections 2, 3 and 5 drawn: the bubble over the ideal time against m on the dry run's
+# clock (interleaving needs m a multiple of p), what each rank holds under GPipe and 1F1B
+# (the ledger of section 2 and 3's runs), and section 3's 1F1B run from its trace
+ms = [m for m in claims if m % p == 0]
+bubbles = {"GPipe": [claims[m]["gpipe"][2] for m in ms],
+           "1F1B": [claims[m]["1f1b"][2] for m in ms]}
+for v in (2, 4):
+    bubbles[f"interleaved 1F1B, v = {v}"] = [
+        dry_run(lower(schedule("interleaved_1f1b", p, m, v)),
+                {"F": Fraction(1, v), "B": Fraction(2, v)}).bubble_over_ideal for m in ms]
+figures.lines("05_bubble", f"Bubble against micro-batches, p = {p} equal stages", ms,
+              bubbles, xlabel="micro-batches m", ylabel="bubble over the ideal time",
+              logx=True)
+figures.bars("05_in_flight", "Micro-batches whose activations a rank holds at its peak "
+             "(the ledger, m = 8)", [f"rank {r}" for r in range(p)],
+             {"GPipe": gpipe_held, "1F1B": f1b_held}, ylabel="micro-batches held",
+             annotate="{:g}")
+figures.timeline("05_1f1b_timeline", f"1F1B, p = {p}, m = 8, from the run's trace",
+                 [e for got in f1b_run for e in got["trace"]],
+                 end=max(got["end"] for got in f1b_run))
 
 # %% [markdown]
 # Megatron's interleaved order runs groups of p micro-batches through chunk 0, then the

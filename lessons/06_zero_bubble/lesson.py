@@ -37,7 +37,7 @@ from minipar.nn import GPT, Block, GPTConfig, WeightGradStore
 from minipar.parallel import ParallelDims, parallelize
 from minipar.parallel.pp import (I, W, Action, ScheduleError, dry_run, format_schedule, lower,
                                  placement, schedule)
-from minipar.viz import render_pipeline
+from minipar.viz import figures, render_pipeline
 
 cfg = GPTConfig(vocab_size=32, seq_len=8, hidden=16, num_heads=2, num_layers=4, seed=0)
 s, b, h, p = cfg.seq_len, 2, cfg.hidden, 4  # micro-batches of b sequences, p stages
@@ -302,6 +302,16 @@ for label, name, v, t in RUNS:
           f"{sent:>7}")
 for label in ("1F1B", "ZB-H1", "ZB-V", "DualPipeV, F&B = 2"):
     print(f"\n{label}:\n{render_pipeline(side[label], ascii=True)}")
+
+# %%
+figures.timelines("06_schedules", f"Four schedules on one clock: p = {p}, m = 8, the same "
+                  "layers a rank", {label: side[label] for label in
+                                    ("1F1B", "ZB-H1", "ZB-V", "DualPipeV, F&B = 2")})
+figures.bars("06_bubbles", "Bubble over the ideal time: one step flushed, or steps back "
+             "to back", list(side), {"flushed": [d.bubble_over_ideal for d in side.values()],
+                                     "back to back": [d.steady_bubble_over_ideal
+                                                      for d in side.values()]},
+             ylabel="bubble over the ideal time", annotate="{:.2f}")
 
 # %% [markdown]
 # "in flight" is rank 0's peak in micro-batches of a rank's layers (1F1B's rank r holds

@@ -47,6 +47,7 @@ from minipar.parallel.pp import dry_run, lower, schedule
 from minipar.plan import activation_bytes_per_layer, model_flops, model_state_bytes
 from minipar.programs.incidents.tp_across_nodes import inter_node_bytes
 from minipar.runtime.cost import collective_cost
+from minipar.viz import figures
 
 GB = 10**9
 CLUSTER = mp.Topology.nodes(2, gpus_per_node=4)  # 8 H100s: NVLink 4 inside, IB NDR across
@@ -141,6 +142,13 @@ for k in sorted({k for k, _ in link_bytes}):
 cross_222 = sum(v for (_, link), v in link_bytes.items() if link == "IB")
 print(f"bytes crossing nodes: {cross_222:,.0f}; the busiest GPU's peak: {peak_222:,} bytes")
 
+# %%
+groups_222 = sorted({k for k, _ in link_bytes})
+figures.bars("07_link_bytes", "One step on 2 × 2 × 2: each group's bytes by link (all 8 GPUs)",
+             groups_222, {link: [link_bytes[(k, link)] / 2**10 for k in groups_222]
+                          for link in ("NVLink", "IB")},
+             ylabel="KiB sent", stacked=True, annotate="{:,.0f}")
+
 # %% [markdown]
 # The tp all-reduces (4 a layer and micro-batch: g after attention and MLP in the forward,
 # f before each in the backward) carry most of the bytes, all on NVLink; ZeRO-1's
@@ -169,6 +177,13 @@ for order in ("tp-cp-ep-dp-pp", "tp-pp-dp", "pp-dp-tp"):
     print(f"order {order:<15} crossing nodes {sum(crossing.values()):>9,.0f} bytes "
           f"({', '.join(f'{k} {v:,.0f}' for k, v in crossing.items())}); "
           f"tp all-reduces {tp_seconds * 1e6:.1f} us a GPU")
+
+# %%
+crossers = sorted({k for row in placement.values() for k in row["by group"]})
+figures.bars("07_placement", "The same 2 × 2 × 2 grid in three orders: what crosses the nodes",
+             list(placement), {k: [row["by group"].get(k, 0) / 2**10 for row in
+                                   placement.values()] for k in crossers},
+             ylabel="KiB on InfiniBand (all 8 GPUs)", stacked=True, annotate="{:,.0f}")
 
 # %% [markdown]
 # `check_placement(dims, topology, cfg, ...)` (minipar.parallel) prices the same question

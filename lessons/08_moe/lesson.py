@@ -40,6 +40,7 @@ from minipar.parallel.ep import ExpertParallelMoE
 from minipar.plan import model_state_bytes
 from minipar.plan.moe import DEEPSEEK_V3
 from minipar.runtime.cost import BUSBW_FACTOR, bytes_sent, collective_cost
+from minipar.viz import figures
 
 np.set_printoptions(precision=3, suppress=True)
 H = 8  # the hidden size of every tiny example
@@ -220,15 +221,26 @@ with mp.device():
     biased = TopKRouter("router.bias", H, 8, K, seed=2, std=0.5)
     lean = biased.linear.weight.data[0] / np.linalg.norm(biased.linear.weight.data[0])
     tokens = np.random.default_rng(2).standard_normal((256, H)) + 1.5 * lean
-    load_ratio = []
+    load_ratio, loads = [], []
     for step in range(80):
         _, chosen, s4 = biased.forward(tokens)
         release_all(s4)
         load = expert_counts(chosen, 8)
+        loads.append(load)
         load_ratio.append(load.max() / max(load.min(), 1))
         biased.expert_bias = update_expert_bias(biased.expert_bias, load, 0.005)
 print("max/min load at steps 0, 10, ..., 70:", [round(float(r), 2) for r in load_ratio[::10]])
 print(f"the last 10 steps: at most {max(load_ratio[-10:]):.2f}; bias {biased.expert_bias}")
+
+# %%
+figures.bars("08_expert_load", "Tokens per expert: a skewed router, then the bias at work "
+             "(256 tokens, k = 2)", [f"expert {e}" for e in range(8)],
+             {"step 0": loads[0], f"step {len(loads) - 1}": loads[-1]},
+             ylabel="(token, expert) pairs", annotate="{:.0f}",
+             hline=(256 * K / 8, f"even: {256 * K // 8}"))
+figures.lines("08_load_ratio", "The busiest expert's load over the idlest's, step by step",
+              list(range(len(load_ratio))), {"max/min load": load_ratio},
+              xlabel="step", ylabel="max / min load", hline=(1, "even"))
 
 # %% [markdown]
 # ## 5. The losses' weight under gradient accumulation
@@ -335,6 +347,12 @@ for r, (rows, sent_splits, recv_splits, per_local, events) in enumerate(a2a):
           f"per (source, local expert) {per_local.tolist()}")
     print("        " + "; ".join(f"{n} S={s} sent={b:.0f} (busbw/algbw {f:.2f})"
                                  for n, s, b, f in events))
+
+# %%
+figures.bars("08_dispatch", f"The dispatch's rows per expert, by the rank they come from "
+             f"(ep = {EP}, E = 8)", [f"expert {e} on rank {e // (8 // EP)}" for e in range(8)],
+             {f"from rank {r}": got[0] for r, got in enumerate(a2a)},
+             ylabel="rows (token, expert) received", stacked=True, annotate="{:.0f}")
 
 # %% [markdown]
 # Each rank's three collectives: the counts (E int64s, of which it keeps its own L), the

@@ -43,6 +43,7 @@ from minipar.parallel.cp import (attention_work, block_forward, chunks, merge, m
                                  ulysses_attention_bytes, ulysses_attention_forward, unshard)
 from minipar.plan import activation_bytes_per_layer
 from minipar.runtime.cost import collective_cost, p2p_time
+from minipar.viz import figures
 
 np.set_printoptions(precision=3, suppress=True)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -117,6 +118,15 @@ for s in (8192, 32768, 131072):
     print(f"s = {s:>7,}: tp {TP405} + sp {tp_sp / GB:9.2f} GB a layer; with FlashAttention "
           f"{flash / GB:5.2f} GB ({LAYERS405 * flash / GB:7.1f} GB for {LAYERS405} layers); "
           f"+ cp {CP405} {with_cp / GB:5.3f} GB ({LAYERS405 * with_cp / GB:5.1f} GB)")
+
+# %%
+figures.lines("09_activations", f"Llama 3 405B's activations per GPU, all {LAYERS405} layers, "
+              f"tp {TP405} + sp", list(at_scale),
+              {label: [LAYERS405 * row[i] / GB for row in at_scale.values()] for i, label in
+               enumerate(("scores stored", "FlashAttention (selective)",
+                          f"FlashAttention + cp {CP405}"))},
+              xlabel="sequence length s (tokens)", ylabel="GB per GPU", logx=True, logy=True,
+              hline=(80, "an H100's 80 GB"))
 
 # %% [markdown]
 # At 128k tokens, even without the s² term, tensor and sequence parallelism leave a
@@ -347,6 +357,13 @@ for layout, res in rings.items():
     work[layout] = [Fraction(f / sum(flops)).limit_denominator(64) for f in flops]
     print(f"{layout:>10}: measured {' '.join(map(str, work[layout]))}   costs.attention_work "
           f"{' '.join(map(str, attention_work(layout, CP)))}")
+
+# %%
+figures.bars("09_causal_work", f"Each rank's share of causal attention's FLOPs, cp = {CP} "
+             "(from the trace)", [f"rank {r}" for r in range(CP)],
+             {layout: [float(f) for f in shares] for layout, shares in work.items()},
+             ylabel="share of the attention FLOPs", annotate="{:.3f}",
+             hline=(1 / CP, f"even: 1/{CP}"))
 
 # %% [markdown]
 # With zigzag every ring step costs every rank two chunk-pair units: at its own step a

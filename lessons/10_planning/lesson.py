@@ -51,6 +51,7 @@ from minipar.plan import (CLUSTERS, MODELS, Layout, ModelSpec, Overlap, analytic
 from minipar.plan.compute_time import layer_bytes, layer_gemms, shape_of
 from minipar.plan.gemm import default_gemm
 from minipar.plan.search import candidates
+from minipar.viz import figures
 
 GiB, GB = 2**30, 10**9
 H100, A100 = CLUSTERS["h100"], CLUSTERS["a100"]
@@ -215,11 +216,12 @@ for label in ("DDP", "distributed optimizer", "ZeRO-1", "ZeRO-2", "ZeRO-3"):
 # full recomputation keeps only each layer's input, 2sbh/t under SP, and reruns the layer:
 
 # %%
-recompute70 = {}
+recompute70, drawn70 = {}, {}  # drawn70: rec -> (memory by category, time by term)
 for rec in ("none", "selective", "full"):
     lay = dataclasses.replace(LAY70, recompute=rec)
     r = rank_memory(L70, lay, H100, dropout=False)
     t = step_time(L70, lay, H100, dropout=False)
+    drawn70[rec] = ({c: term.steady for c, term in r.terms().items()}, t.terms)
     recompute70[rec] = (r.activations.steady / GiB, r.peak / GiB, r.fits, t.seconds, t.mfu,
                         t.hfu)
     print(f"  {rec:<9} activations {r.activations.steady / GiB:7.2f} GiB, peak "
@@ -229,6 +231,19 @@ for rec in ("none", "selective", "full"):
 core70 = {"scores": e * L70.heads * s70 / (h * t70), "rest": A70 / (s70 * h)}  # in units of sbh
 print(f"  a layer's attention scores e·a·s/(h·t) = {core70['scores']:.0f} sbh, the rest of "
       f"the layer {core70['rest']:.2f} sbh")
+
+# %%
+categories70 = [c for c in drawn70["none"][0] if any(m[c] for m, _ in drawn70.values())]
+figures.bars("10_rank_memory", f"{L70.name}, tp 8, pp 4, dp 8: the busiest rank's memory "
+             "(steady) by recomputation", [f"recompute {rec}" for rec in drawn70],
+             {c: [m[c] / GiB for m, _ in drawn70.values()] for c in categories70},
+             ylabel="GiB", stacked=True, annotate="{:.1f}",
+             hline=(mem70.capacity / GiB, f"an H100's {mem70.capacity / GiB:.1f} GiB"))
+terms70 = [k for k in drawn70["none"][1] if any(t[k] for _, t in drawn70.values())]
+figures.bars("10_step_time", f"{L70.name}, tp 8, pp 4, dp 8: a step's time by term, by "
+             "recomputation", [f"recompute {rec}" for rec in drawn70],
+             {k: [t[k] for _, t in drawn70.values()] for k in terms70},
+             ylabel="seconds a step", stacked=True, annotate="{:.2f}")
 
 # %% [markdown]
 # At s = 8192 the attention scores dominate: without recomputation a layer keeps 16 sbh

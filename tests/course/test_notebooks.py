@@ -5,7 +5,9 @@ repository's root as `python lessons/NN_topic/lesson.py` runs it.
 A cell that raises fails the test with the cell's source and the traceback; every code cell
 that prints must have printed (a notebook whose outputs went missing is as broken as one
 that raises). The cells' text is the file's: the conversion round-trips (all but the
-header, where jupytext records its version).
+header, where jupytext records its version). Lessons 00–10 draw their figures inline: each
+notebook must hold at least one image/png output, a real PNG (minipar.viz.figures; without
+matplotlib, the line saying what was not drawn).
 
 Executing eleven lessons in kernels costs about a minute of processor time, so these tests
 are marked `notebooks` and run by .ci/run beside the MPI and scale tests, not by the
@@ -15,6 +17,7 @@ nbclient or ipykernel (the test extras bring them).
 
 from __future__ import annotations
 
+import base64
 import io
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -22,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from minipar.course import all_lessons
+from minipar.viz import figures
 
 jupytext = pytest.importorskip("jupytext", reason="the notebook tests need jupytext "
                                                   "(pip install -e '.[test]')")
@@ -41,9 +45,17 @@ def prints(source: str) -> bool:
     return any(line.lstrip().startswith("print(") for line in source.splitlines())
 
 
-def execute(path: Path) -> list[str]:
+def pngs(nb) -> list[bytes]:
+    """The images an executed notebook shows: each image/png output, decoded."""
+    return [base64.b64decode(o["data"]["image/png"]) for c in nb.cells
+            for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+
+
+def execute(path: Path, drawn: bool = False) -> list[str]:
     """Run the py:percent file at `path` as a notebook; what is wrong with it (empty: it
-    round-trips, runs without an error, and every cell that prints printed)."""
+    round-trips, runs without an error, and every cell that prints printed; and with
+    `drawn`, it shows at least one figure, each a non-empty PNG, where matplotlib is
+    installed, or says what it did not draw)."""
     nb = jupytext.read(path)
     code = [c for c in nb.cells if c.cell_type == "code"]
     if not code or not any(c.cell_type == "markdown" for c in nb.cells):
@@ -60,16 +72,33 @@ def execute(path: Path) -> list[str]:
             client.execute()
         except nbclient.exceptions.CellExecutionError as e:
             return [f"a cell raised when run as a notebook:\n{e}"[:6000]]
-    return [f"a cell that prints printed nothing: {c.source[:200]!r}" for c in code
-            if prints(c.source) and not any(o.output_type == "stream" and
-                                             o.get("name") == "stdout"
-                                             for o in c.get("outputs", []))]
+    problems = [f"a cell that prints printed nothing: {c.source[:200]!r}" for c in code
+                if prints(c.source) and not any(o.output_type == "stream" and
+                                                 o.get("name") == "stdout"
+                                                 for o in c.get("outputs", []))]
+    if drawn and figures.available():
+        shown = pngs(nb)
+        problems += [] if shown else ["no figure shown: no image/png output in any cell"]
+        problems += [f"figure {i} is not a PNG of any size: {len(png)} bytes, starting "
+                     f"{png[:8]!r}" for i, png in enumerate(shown)
+                     if not (png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 2000)]
+    elif drawn:
+        text = "".join(o.get("text", "") for c in code for o in c.get("outputs", []))
+        problems += [] if "[figure not drawn: " in text else ["no figure, and no line saying so"]
+    return problems
+
+
+@pytest.fixture(autouse=True)
+def figures_inline(monkeypatch):
+    """The kernel draws its figures inline (tests/conftest.py turns them off for the
+    lessons the other tests run in their own process)."""
+    monkeypatch.delenv("MINIPAR_FIGURES", raising=False)
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("lesson", LESSONS, ids=[lesson.name for lesson in LESSONS])
 def test_every_lesson_executes_as_a_notebook(lesson):
-    assert execute(lesson.path("lesson")) == [], lesson.name
+    assert execute(lesson.path("lesson"), drawn=True) == [], lesson.name
 
 
 HEADER = """# ---
