@@ -5,6 +5,7 @@ solutions generate, and lessons define no library code."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -29,12 +30,27 @@ def test_the_course_has_its_lessons():
 @pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
 def test_every_lesson_runs_with_plain_python_in_under_10_seconds(lesson, run_lesson):
     """Under 10 s of the processor (user + system time of the lesson's process: what it
-    costs, whatever else the machine runs; on a quiet machine that is its wall time)."""
+    costs, whatever else the machine runs; on a quiet machine that is its wall time),
+    figures included: every lesson draws at least one, each a PNG in $MINIPAR_FIGURES
+    whose path the lesson printed (without matplotlib, a line saying it was not drawn)."""
     run = run_lesson(str(lesson.path("lesson")))
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip(), "a lesson prints what it computes"
     assert run.cpu < 10, (f"{lesson.name} took {run.cpu:.1f} s of processor time ({run.wall:.1f} "
                           "s wall); lessons must run in under 10 s")
+    printed = [ln[len("[figure: "):-1] for ln in run.stdout.splitlines()
+               if ln.startswith("[figure: ") and ln.endswith("]")]
+    written = sorted(run.figures.glob("*.png")) if run.figures.is_dir() else []
+    # the paths it printed (relative to the root it ran in, or absolute) are what it wrote
+    assert sorted(ROOT / p for p in printed) == written, (printed, written)
+    if importlib.util.find_spec("matplotlib") is None:  # the lesson ran without it
+        assert "[figure not drawn: " in run.stdout
+        return
+    assert written, f"{lesson.name} drew no figure"
+    for png in written:
+        data = png.read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 2000, png
+        assert png.stem.startswith(f"{lesson.number}_"), f"{png.name}: {lesson.number}_..."
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
@@ -234,7 +250,8 @@ def test_the_course_map_is_the_lessons():
         words = [w for w in prose.replace("#", " ").split() if any(ch.isalpha() for ch in w)]
         assert int(minutes) == math.ceil(len(words) / 200), (number, len(words))
         solution = lesson.path("solution").read_text(encoding="utf-8")
-        assert int(exercises) == len(exercises_in(solution)), number
+        # one exercise may fill several functions (a region each): count the exercises
+        assert int(exercises) == len({e.split(":")[0] for e in exercises_in(solution)}), number
         needs = [] if after.strip() == "—" else [n.strip() for n in after.split(",")]
         assert all(n < number for n in needs), (number, needs)
 

@@ -1,4 +1,4 @@
-"""Interview questions on lessons 00-10, and open design and debugging questions, each
+"""Interview questions on lessons 00-13, and open design and debugging questions, each
 answered with numbers minipar computes.
 
     python lessons/interview/bank.py                 every question, with its answer
@@ -12,8 +12,8 @@ both format strings, and `compute`, which takes the example data and returns the
 the answer shows: from minipar's planning formulas (minipar.plan), its cost model
 (minipar.runtime.cost), the pipeline schedules and their dry run (minipar.parallel.pp),
 and small runs on simulated devices (minipar.launch). Nothing in an answer is typed in by
-hand: change the example data and every number follows. Lessons 06 to 10 keep their
-questions in bank_06.py ... bank_10.py beside this file, and the open design and debugging
+hand: change the example data and every number follows. Lessons 06 to 13 keep their
+questions in bank_06.py ... bank_13.py beside this file, and the open design and debugging
 questions ("pick TP/PP/DP for 70B on 512 GPUs", "NCCL timeout at step 10k", ...), answered
 with the planner's search and runs on simulated devices, are in bank_design.py; all are
 loaded below, and the command and QUESTIONS hold them all.
@@ -69,7 +69,9 @@ LESSONS = {"00": "The memory wall", "01": "Collectives", "02": "Data parallelism
            "05": "Pipeline parallelism", "06": "Zero-bubble pipelines and DualPipe",
            "07": "3-D composition and topology",
            "08": "Mixture of experts and expert parallelism", "09": "Context parallelism",
-           "10": "Planning a run", "design": "Open design and debugging questions"}
+           "10": "Planning a run", "11": "Mixed precision", "12": "Activation recomputation",
+           "13": "Checkpoints, faults and hangs",
+           "design": "Open design and debugging questions"}
 
 
 @dataclass(frozen=True)
@@ -1773,6 +1775,12 @@ bank_09 = load_part("bank_09.py")  # lesson 09: context parallelism
 QUESTIONS += [Question(**entry) for entry in bank_09.ENTRIES]
 bank_10 = load_part("bank_10.py")  # lesson 10: planning a run
 QUESTIONS += [Question(**entry) for entry in bank_10.ENTRIES]
+bank_11 = load_part("bank_11.py")  # lesson 11: mixed precision
+QUESTIONS += [Question(**entry) for entry in bank_11.ENTRIES]
+bank_12 = load_part("bank_12.py")  # lesson 12: activation recomputation
+QUESTIONS += [Question(**entry) for entry in bank_12.ENTRIES]
+bank_13 = load_part("bank_13.py")  # lesson 13: checkpoints, faults and hangs
+QUESTIONS += [Question(**entry) for entry in bank_13.ENTRIES]
 bank_design = load_part("bank_design.py")  # open design and debugging questions
 QUESTIONS += [Question(**entry) for entry in bank_design.ENTRIES]
 
@@ -1802,7 +1810,7 @@ def format_entry(q: Question, show_answer: bool = True, width: int = 92) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description="Interview questions on lessons 00-10, and "
+    parser = argparse.ArgumentParser(description="Interview questions on lessons 00-13, and "
                                      "open design and debugging questions, answered with "
                                      "numbers minipar computes.")
     parser.add_argument("--lesson", help="only this lesson's questions (e.g. 03; 'design': "

@@ -280,7 +280,7 @@ def straggler_run(world: int, slow_rank: int, slowdown: float, onset: int, steps
 
 
 # ---- the questions' numbers ------------------------------------------------------------
-def q107(gpus, batch):
+def q143(gpus, batch):
     """Pick TP/PP/DP for Llama 3 70B: the search's best, runner-up and TP 8 x PP 8."""
     count, plans = searched(gpus, batch)
     best, second = plans[0], plans[1]
@@ -298,7 +298,7 @@ def q107(gpus, batch):
             "t88_s": p88.time.seconds, "t88_more": p88.time.seconds / t.seconds - 1}
 
 
-def q108(dp, tp, pp, m):
+def q144(dp, tp, pp, m):
     """ZeRO-3 alone against ZeRO-1 with full recompute (and ZeRO-3 with selective), for
     Llama 3 70B at 8k on dp x tp x pp A100s."""
     out = {"cap_gib": A100.device.memory_bytes / GiB}
@@ -320,7 +320,7 @@ def q108(dp, tp, pp, m):
     return {k: v for k, v in out.items() if k in shown}
 
 
-def q109(gpus, tp, pp, batch, s_to, cp):
+def q145(gpus, tp, pp, batch, s_to, cp):
     """Llama 3 70B from 8k to s_to tokens at the same tokens a step: memory, recompute,
     context parallelism, the bubble and attention's s²."""
     s_from = LLAMA70.seq_len
@@ -340,7 +340,7 @@ def q109(gpus, tp, pp, batch, s_to, cp):
             "attn32_s": ctx.terms["attention"], "step8_s": st8.seconds}
 
 
-def q110(batch, tp, pp, gpus_from, gpus_to, pp_fix):
+def q146(batch, tp, pp, gpus_from, gpus_to, pp_fix):
     """Strong scaling at a fixed global batch: m = B/dp falls and the bubble grows."""
     out = {"ideal": gpus_to // gpus_from}
     for tag, gpus, p in (("from", gpus_from, pp), ("to", gpus_to, pp), ("fix", gpus_to,
@@ -356,7 +356,7 @@ def q110(batch, tp, pp, gpus_from, gpus_to, pp_fix):
     return out
 
 
-def q111(gpus, node_write_gbs, fs_gbs, mtbf_h):
+def q147(gpus, node_write_gbs, fs_gbs, mtbf_h):
     """Llama 3 70B's checkpoint: its bytes, a save through one rank against every rank
     writing its shard, and Young's interval sqrt(2 δ MTBF) for each."""
     psi = LLAMA70.parameters()
@@ -377,7 +377,7 @@ def q111(gpus, node_write_gbs, fs_gbs, mtbf_h):
     return out
 
 
-def q112(dp_from, dp_to, tp, batch):
+def q148(dp_from, dp_to, tp, batch):
     """Resuming a ZeRO-1 run on fewer data-parallel replicas from a sharded checkpoint."""
     r = reshard_run(dp_from, dp_to, tp, batch)
     return {"files": r["files"], "shard": r["shard"], "params": r["params"],
@@ -386,7 +386,7 @@ def q112(dp_from, dp_to, tp, batch):
             "per_from": batch // dp_from, "per_to": batch // dp_to}
 
 
-def q113(gpus_from, gpus_to, per_gpu, s, lr, sim_batch, sim_steps, sim_lr):
+def q149(gpus_from, gpus_to, per_gpu, s, lr, sim_batch, sim_steps, sim_lr):
     """Loss diverged after 8 -> 64 GPUs at the same per-GPU batch (lr scaled linearly)."""
     r = batch_run(sim_batch, sim_steps, sim_lr)
     (n_small, step_small), (n_big, step_big) = (r["first"][n]
@@ -400,7 +400,7 @@ def q113(gpus_from, gpus_to, per_gpu, s, lr, sim_batch, sim_steps, sim_lr):
             "same_diff": r["max_diff"]}
 
 
-def q114(gpus, batch, slower):
+def q150(gpus, batch, slower):
     """'TP 16 is 8x slower': the planner's tp 16 against tp 8, and the inter-node bandwidth
     at which tp 16's step would be `slower` times tp 8's."""
     t16 = Layout(tp=16, pp=4, dp=gpus // 64, global_batch=batch, sequence_parallel=True,
@@ -445,14 +445,14 @@ def q114(gpus, batch, slower):
             "tp_share": slow.terms["tp"] / slow.seconds}
 
 
-def q115(world, save_every, timeout_s, save_s):
+def q151(world, save_every, timeout_s, save_s):
     """A hang at a round step: the watchdog names the rank that never arrived."""
     r = hang_run(world, save_every, timeout_s, save_s)
     return {"waiting": r["waiting"], "call": r["call"], "wait_step": r["call"] + 1,
             "absent": r["absent"], "where": r["where"]}
 
 
-def q116(world, steps, rank, skip_step):
+def q152(world, steps, rank, skip_step):
     """One rank skipped one collective: where the runtime notices, and what it does not."""
     r = skip_run(world, steps, rank, skip_step)
     return {"hang": r["hang"], "hang_step": r["hang"] + 1, "finished": r["finished"],
@@ -460,7 +460,7 @@ def q116(world, steps, rank, skip_step):
             "swap_wrong": r["swap_wrong"], "caught": r["caught"]}
 
 
-def q117(world, slow_rank, slowdown, onset, steps, tflop, grad_mib):
+def q153(world, slow_rank, slowdown, onset, steps, tflop, grad_mib):
     """A straggler: everyone's step grows; the trace names the rank that does not wait."""
     ev = straggler_run(world, slow_rank, slowdown, onset, steps, tflop, grad_mib)["events"]
     ends = [e[2] for e in ev[0]]
@@ -480,7 +480,7 @@ def entry(id, given, question, answer, compute):
 
 ENTRIES = [
     entry(
-        "q107", dict(gpus=512, batch=1536),
+        "q143", dict(gpus=512, batch=1536),
         "Pick TP, PP and DP for Llama 3 70B on {gpus} H100s (nodes of 8, 80 GB), {batch} "
         "sequences of 8192 tokens a step. Which layout, why, and what does the runner-up "
         "lose?",
@@ -495,9 +495,9 @@ ENTRIES = [
         "of the step and it peaks at {second_peak_gib:.1f} GiB, little room for "
         "fragmentation. The textbook TP 8 × PP 8 comes {rank88} ({t88_s:.2f} s, "
         "{t88_more:.1%} slower).",
-        q107),
+        q143),
     entry(
-        "q108", dict(dp=8, tp=4, pp=2, m=6),
+        "q144", dict(dp=8, tp=4, pp=2, m=6),
         "Llama 3 70B at 8192 tokens on A100s of 80 GB, dp {dp} × tp {tp} × pp {pp} with SP "
         "and 1F1B over {m} micro-batches, does not fit. Which fixes it: ZeRO-3 alone, or "
         "ZeRO-1 with full recomputation?",
@@ -511,9 +511,9 @@ ENTRIES = [
         "recomputation, {z3s_peak_gib:.1f} GiB and {z3s_s:.2f} s, MFU {z3s_mfu:.1%} (ZeRO-1 "
         "with full recomputation takes {z1f_more:.1%} longer). Count activations before "
         "reaching for ZeRO.",
-        q108),
+        q144),
     entry(
-        "q109", dict(gpus=384, tp=8, pp=4, batch=1152, s_to=32768, cp=2),
+        "q145", dict(gpus=384, tp=8, pp=4, batch=1152, s_to=32768, cp=2),
         "Llama 3 70B trains on {gpus} H100s with tp {tp} × pp {pp}, SP, selective "
         "recomputation and the distributed optimizer, {batch} sequences of 8192 tokens a "
         "step. The next phase needs {s_to}-token sequences at the same tokens a step. What "
@@ -527,9 +527,9 @@ ENTRIES = [
         "them the bubble: {cp_bub:.1%} instead of {bub32:.1%}. No layout removes attention's "
         "s²: its GEMMs take {attn32_s:.1f} s a step against {attn8_s:.1f} s at 8k, so the "
         "step grows from {step8_s:.1f} s whatever the plan.",
-        q109),
+        q145),
     entry(
-        "q110", dict(batch=480, tp=8, pp=16, gpus_from=256, gpus_to=1536, pp_fix=4),
+        "q146", dict(batch=480, tp=8, pp=16, gpus_from=256, gpus_to=1536, pp_fix=4),
         "A Llama 3 70B run at tp {tp} × pp {pp} with {batch} sequences a step (the batch its "
         "learning-rate schedule was tuned for) moves from {gpus_from} to {gpus_to} H100s. "
         "Does the step shrink in proportion? If not, why, and what helps?",
@@ -541,9 +541,9 @@ ENTRIES = [
         "pp {pp_fix} (dp {dp_fix}, m = {m_fix}, bubble {bub_fix:.1%}) steps in {fix_s:.2f} "
         "s at MFU {mfu_fix:.1%} and still fits ({fix_peak_gib:.1f} GiB). Past that, only a "
         "larger global batch, if the optimization tolerates it, uses more GPUs well.",
-        q110),
+        q146),
     entry(
-        "q111", dict(gpus=512, node_write_gbs=2.5, fs_gbs=120, mtbf_h=41),
+        "q147", dict(gpus=512, node_write_gbs=2.5, fs_gbs=120, mtbf_h=41),
         "Llama 3 70B trains with AdamW on {gpus} H100s. How large is a checkpoint, how long "
         "does a save take if rank 0 writes it at one node's {node_write_gbs} GB/s, or every "
         "rank its shard (the file system takes {fs_gbs} GB/s in all), and how often should "
@@ -556,9 +556,9 @@ ENTRIES = [
         "system's limit: {shard_s:.1f} s. Young's interval sqrt(2 δ MTBF) is "
         "{young_one_min:.0f} min against {young_shard_min:.1f} min, and the time lost to "
         "saving and redoing half an interval {lost_one:.1%} against {lost_shard:.2%}.",
-        q111),
+        q147),
     entry(
-        "q112", dict(dp_from=4, dp_to=3, tp=2, batch=36),
+        "q148", dict(dp_from=4, dp_to=3, tp=2, batch=36),
         "A node of a ZeRO-1 job on dp {dp_from} × tp {tp} ({batch} sequences a step) dies and "
         "there is no spare. Can the job resume at dp {dp_to} from its last sharded "
         "checkpoint, and is it then the same run?",
@@ -573,9 +573,9 @@ ENTRIES = [
         "batch stays {batch}: {per_to} sequences a replica instead of {per_from}. Keep the "
         "global batch, not the per-GPU one, and it is the same run; tp and pp could change "
         "the same way, at the price of reading every shard.",
-        q112),
+        q148),
     entry(
-        "q113", dict(gpus_from=8, gpus_to=64, per_gpu=3, s=4096, lr=3e-4, sim_batch=6,
+        "q149", dict(gpus_from=8, gpus_to=64, per_gpu=3, s=4096, lr=3e-4, sim_batch=6,
                      sim_steps=4, sim_lr=3e-3),
         "A run trained well on {gpus_from} GPUs, {per_gpu} sequences of {s} tokens each, "
         "AdamW with a peak learning rate of {lr}. On {gpus_to} GPUs, with the same per-GPU "
@@ -593,9 +593,9 @@ ENTRIES = [
         "dp = 2 at the same "
         "global batch of {sim_batch} follows one device's loss to {same_diff:.1e} over "
         "{sim_steps} steps.",
-        q113),
+        q149),
     entry(
-        "q114", dict(gpus=256, batch=512, slower=8),
+        "q150", dict(gpus=256, batch=512, slower=8),
         "A 70B GPT (80 layers, h = 8192, s = 4096) on {gpus} H100s with tp 16 × pp 4, SP, "
         "{batch} sequences a step, is {slower}x slower than the same run with tp 8 inside "
         "the node. Is tp 16 crossing the node the whole story?",
@@ -607,9 +607,9 @@ ENTRIES = [
         "hosts' Ethernet, or of a fabric saturated by other jobs, not of a healthy fabric: "
         "check NCCL_DEBUG=INFO for NET/Socket instead of NET/IB, run nccl-tests across two "
         "nodes, then bring tp back inside the node.",
-        q114),
+        q150),
     entry(
-        "q115", dict(world=6, save_every=3, timeout_s=0.1, save_s=0.4),
+        "q151", dict(world=6, save_every=3, timeout_s=0.1, save_s=0.4),
         "A job dies with an NCCL timeout at step 10,000 exactly, after 9,999 clean steps. "
         "What do you suspect, and how do you find the rank? (Simulated: {world} ranks, a "
         "save every {save_every} steps, launch(timeout={timeout_s}).)",
@@ -623,9 +623,9 @@ ENTRIES = [
         "laggard's is behind). Fix "
         "the cause: every rank writes its shard, or the save runs asynchronously; raising "
         "the timeout past the save only hides it.",
-        q115),
+        q151),
     entry(
-        "q116", dict(world=7, steps=6, rank=3, skip_step=2),
+        "q152", dict(world=7, steps=6, rank=3, skip_step=2),
         "Rank {rank} of {world} saw a non-finite loss at step {skip_step} and skipped that "
         "step — and its gradient all-reduce — on its own. What does the runtime notice, "
         "and when? (Simulated, {steps} steps.)",
@@ -640,9 +640,9 @@ ENTRIES = [
         "nothing "
         "(PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL does). Decide to skip a step "
         "collectively (all-reduce the overflow flag), and look for the cause before the hang.",
-        q116),
+        q152),
     entry(
-        "q117", dict(world=6, slow_rank=5, slowdown=1.3, onset=3, steps=4, tflop=1.5,
+        "q153", dict(world=6, slow_rank=5, slowdown=1.3, onset=3, steps=4, tflop=1.5,
                      grad_mib=2),
         "From step 10,000 on, a data-parallel job's steps are slower, with no error and a "
         "normal loss. How do you find the cause? (Simulated: {world} ranks, each step "
@@ -657,5 +657,5 @@ ENTRIES = [
         "cluster: each rank's time before its collectives (or its time inside NCCL "
         "kernels), then that GPU's clocks and throttle reasons (nvidia-smi -q -d "
         "PERFORMANCE), or drain the node.",
-        q117),
+        q153),
 ]
