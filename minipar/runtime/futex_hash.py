@@ -13,6 +13,12 @@ a few hundred KiB), the kernel's own 4 per thread. Measured on one dp x pp x tp 
 4,096 ranks (benchmarks/bench_scale.py): kernel time 19.9 s with 16 buckets, 11.9 s with
 8,192; wall time 70-74 s before, about 65 s after.
 
+A resize is not free: the kernel moves every waiter to the new table after an RCU grace
+period, about 75 ms for a resize and its restore on this machine, more than a whole launch
+of 8 ranks (4-10 ms). Below RESIZE_FROM ranks the 16 buckets cost less than that (at 512
+ranks, 20 all-reduces took 3.73 s with 16 buckets and 3.81 s resized), so only launches
+of RESIZE_FROM ranks or more resize.
+
 Elsewhere (an older kernel, another system, a sandbox that refuses the call) nothing
 changes: the call fails and is ignored. Results never depend on it, only the time.
 `launch` restores the size it found when it returns (0: the kernel's global table).
@@ -29,6 +35,7 @@ from typing import Iterator, Optional
 PR_FUTEX_HASH = 78  # prctl option (linux/prctl.h, 6.16+)
 PR_FUTEX_HASH_SET_SLOTS = 1
 PR_FUTEX_HASH_GET_SLOTS = 2
+RESIZE_FROM = 1024  # ranks: smaller launches keep the table they find (module docstring)
 
 
 def slots_for(world_size: int) -> int:
@@ -65,8 +72,12 @@ def _set_slots(n: int) -> bool:
 
 @contextlib.contextmanager
 def enough_futex_slots(world_size: int) -> Iterator[None]:
-    """Run a block with at least slots_for(world_size) futex hash buckets (if the kernel
-    has a private hash to resize, and it is smaller), then restore the size found."""
+    """Run a block with at least slots_for(world_size) futex hash buckets (for
+    RESIZE_FROM ranks or more, if the kernel has a private hash to resize, and it is
+    smaller), then restore the size found."""
+    if world_size < RESIZE_FROM:
+        yield
+        return
     before = get_slots()
     want = slots_for(world_size)
     if before is None or (before != 0 and before >= want) or not _set_slots(want):

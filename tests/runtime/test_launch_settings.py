@@ -46,6 +46,23 @@ def test_launch_gives_the_futex_hash_four_buckets_a_rank_and_restores_it():
     assert get_slots() == before
 
 
+def test_a_launch_of_fewer_than_1024_ranks_leaves_the_futex_hash_alone(monkeypatch):
+    """A resize and its restore cost about 75 ms, more than a small launch takes."""
+    calls = []
+    def prctl(option, sub, n, *_):
+        calls.append((option, sub, n))
+        return 16 if sub == futex_hash.PR_FUTEX_HASH_GET_SLOTS else 0
+
+    monkeypatch.setattr(futex_hash, "_prctl", lambda: prctl)
+    assert mp.launch(lambda ctx: ctx.rank, futex_hash.RESIZE_FROM - 1)[-1] == 1022
+    assert calls == []
+    with enough_futex_slots(futex_hash.RESIZE_FROM):
+        pass
+    assert [c[1] for c in calls] == [futex_hash.PR_FUTEX_HASH_GET_SLOTS,
+                                     futex_hash.PR_FUTEX_HASH_SET_SLOTS,
+                                     futex_hash.PR_FUTEX_HASH_SET_SLOTS]
+
+
 def test_without_a_private_futex_hash_nothing_is_touched(monkeypatch):
     monkeypatch.setattr(futex_hash, "_prctl", lambda: None)
     assert get_slots() is None
