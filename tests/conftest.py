@@ -2,9 +2,12 @@
 GPT steps fixture, one cached run of each lesson file, the demo's page, and a direct launch
 of the demo's tiny scenarios."""
 
+import contextlib
 import functools
+import io
 import os
-import resource
+import pickle
+import runpy
 import subprocess
 import sys
 import time
@@ -15,18 +18,18 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
-    "ci", derandomize=True, deadline=None, max_examples=25, print_blob=True,
+    "ci", derandomize=True, deadline=None, max_examples=15, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", deadline=None, max_examples=25)
 settings.register_profile("thorough", deadline=None, max_examples=300)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# The lesson tests rerun lessons in their own process (runpy) to read their variables:
-# there, figures would be drawn beside the lessons and cost a second or so each. No
-# figures in this process and its children, unless a test asks (the run_lesson fixture
-# below gives each lesson's script run a directory of its own, and the notebook tests
-# and tests/viz/test_figures.py set their own).
+# A lesson test may rerun a lesson in this process (runpy) for a variable that does not
+# pickle (LessonNames below): there, figures would be drawn beside the lesson and cost a
+# second or so each. No figures in this process and its children, unless a test asks
+# (the run_lesson fixture below gives each lesson's script run a directory of its own, and
+# the notebook tests and tests/viz/test_figures.py set their own).
 os.environ["MINIPAR_FIGURES"] = "none"
 
 
@@ -54,8 +57,9 @@ def gpt_steps():
 @dataclass(frozen=True)
 class LessonRun:
     """What `python lessons/NN_topic/lesson.py` did: its exit status, output, the
-    processor (user + system) and wall seconds its process took, and the directory its
-    figures went to ($MINIPAR_FIGURES: empty, or absent, if it drew none)."""
+    processor (user + system) and wall seconds its process took, the directory its
+    figures went to ($MINIPAR_FIGURES: empty, or absent, if it drew none), and the file
+    holding its variables (`names`)."""
 
     returncode: int
     stdout: str
@@ -63,26 +67,79 @@ class LessonRun:
     cpu: float
     wall: float
     figures: Path
+    variables: Path
+    lesson: str  # the lesson file's path
+
+    @functools.cached_property
+    def names(self) -> "LessonNames":
+        """The lesson's variables after it ran: those that pickle, and the others (its
+        functions, a launch's result, which holds the runtime's locks) from a run of the
+        lesson in this process, made the first time a test asks for one of them."""
+        out = LessonNames(self.lesson)
+        for name, blob in pickle.loads(self.variables.read_bytes()).items():
+            try:
+                out[name] = pickle.loads(blob)
+            except Exception:  # pickled, but does not load (e.g. ml_dtypes' finfo)
+                pass
+        return out
+
+
+class LessonNames(dict):
+    """A lesson's variables; a name missing from the pickle runs the lesson here, once."""
+
+    def __init__(self, lesson: str):
+        super().__init__()
+        self.lesson, self.rerun = lesson, False
+
+    def __missing__(self, name):
+        if self.rerun:
+            raise KeyError(name)
+        self.rerun = True
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.update(runpy.run_path(self.lesson, run_name="__main__"))
+        return self[name]
+
+
+# Run a lesson as `python lesson.py` runs it (runpy, as __main__), then keep its variables:
+# each pickled alone, so that one that does not pickle (a function of the lesson's) is
+# left out, not the lot. The processor time is the process's until the lesson ended.
+RUN = """import pickle, resource, runpy, sys
+names = runpy.run_path(sys.argv[1], run_name="__main__")
+usage = resource.getrusage(resource.RUSAGE_SELF)
+kept = {}
+for name, value in names.items():
+    if not name.startswith("__"):
+        try:
+            kept[name] = pickle.dumps(value)
+        except Exception:
+            pass
+with open(sys.argv[2], "wb") as f:
+    pickle.dump(kept, f)
+print(usage.ru_utime + usage.ru_stime, file=sys.stderr)
+"""
 
 
 def _run_lesson(path: str, figures: Path) -> LessonRun:
-    """Run a lesson file with plain python, its figures written to `figures`."""
+    """Run a lesson file as a script, its figures written to `figures`."""
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=str(root), MPLBACKEND="Agg", MINIPAR_FIGURES=str(figures))
-    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    proc = subprocess.run([sys.executable, path], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=60)
-    after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - start
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return LessonRun(proc.returncode, proc.stdout, proc.stderr, cpu, wall, figures)
+    variables = figures.with_suffix(".pickle")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", RUN, path, str(variables)], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=60)
+    wall = time.perf_counter() - start
+    lines = proc.stderr.rstrip().splitlines()
+    cpu = float(lines[-1]) if proc.returncode == 0 and lines else float("nan")
+    stderr = "\n".join(lines[:-1]) if proc.returncode == 0 else proc.stderr
+    return LessonRun(proc.returncode, proc.stdout, stderr, cpu, wall, figures, variables, path)
 
 
 @pytest.fixture(scope="session")
 def run_lesson(tmp_path_factory, worker_id):
     """run_lesson(path) -> LessonRun: each lesson file run once for the whole test run (a
-    lesson takes 3-8 s, and tests in several xdist workers read its output, time and
-    figures: the first to ask runs it, under a lock, and the others read what it left),
-    its figures in a directory of the run's (one per lesson), not beside the lesson."""
+    lesson takes 3-8 s, and tests in several xdist workers read its output, time, figures
+    and variables: the first to ask runs it, under a lock, and the others read what it
+    left), its figures in a directory of the run's (one per lesson), not beside the lesson."""
     import fcntl
     import json
 
@@ -98,10 +155,12 @@ def run_lesson(tmp_path_factory, worker_id):
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not saved.exists():
                 done = _run_lesson(path, root / name)
-                saved.write_text(json.dumps({**done.__dict__, "figures": str(done.figures)}),
+                saved.write_text(json.dumps({k: str(v) if isinstance(v, Path) else v
+                                             for k, v in done.__dict__.items()}),
                                  encoding="utf-8")
             data = json.loads(saved.read_text(encoding="utf-8"))
-        return LessonRun(**{**data, "figures": Path(data["figures"])})
+        return LessonRun(**{**data, "figures": Path(data["figures"]),
+                            "variables": Path(data["variables"])})
     return run
 
 

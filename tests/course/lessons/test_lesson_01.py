@@ -5,9 +5,6 @@ the simulated cluster it is graded on.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import runpy
 
 import numpy as np
 import pytest
@@ -23,12 +20,10 @@ MIB = 2**20
 
 
 @pytest.fixture(scope="module")
-def lesson():
+def lesson(run_lesson):
     """The lesson run as a learner runs it: (its variables, what it printed)."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        names = runpy.run_path(str(LESSON.path("lesson")), run_name="__main__")
-    return names, out.getvalue()
+    run = run_lesson(str(LESSON.path("lesson")))
+    return run.names, run.stdout
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,6 @@
 """Lesson 03's numbers, as the lesson computes them, against formulas written out here; and
 Exercise 3.4's budget, as its grader runs plans: the obvious single levers miss it."""
 
-import contextlib
-import io
-import runpy
 
 import numpy as np
 import pytest
@@ -16,10 +13,9 @@ LESSON = find_lesson("03")
 
 
 @pytest.fixture(scope="module")
-def lesson() -> dict:
-    """The lesson's globals after running it top to bottom (its printing swallowed)."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        return runpy.run_path(str(LESSON.path("lesson")), run_name="__main__")
+def lesson(run_lesson) -> dict:
+    """The lesson's variables after running it (the run tests/test_course.py times)."""
+    return run_lesson(str(LESSON.path("lesson"))).names
 
 
 def test_section_2_the_zero1_step_by_hand_is_the_one_device_step_at_ddps_traffic(lesson):

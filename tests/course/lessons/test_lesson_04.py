@@ -2,10 +2,7 @@
 techniques called sequence parallelism, the overflow the softmax's max prevents, and the
 design exercise's puzzle (the layout the lesson measures, and the budgets the grader uses)."""
 
-import contextlib
-import io
 import math
-import runpy
 
 import numpy as np
 import pytest
@@ -17,10 +14,9 @@ LESSON = find_lesson("04")
 
 
 @pytest.fixture(scope="module")
-def lesson():
-    """The lesson's globals after running it, its printout kept out of the test log."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        return runpy.run_path(str(LESSON.path("lesson")), run_name="__main__")
+def lesson(run_lesson):
+    """The lesson's variables after running it (the run tests/test_course.py times)."""
+    return run_lesson(str(LESSON.path("lesson"))).names
 
 
 def test_the_three_sequence_parallelisms_send_what_their_collectives_cost(lesson):

@@ -5,10 +5,7 @@ interleaving's bubble and messages, incident B, the 3-D composition and the desi
 (the plans the lesson measures against the grader's budgets, and both budgets
 satisfiable)."""
 
-import contextlib
-import io
 import math
-import runpy
 from fractions import Fraction
 
 import pytest
@@ -22,10 +19,9 @@ P = 4  # the lesson's pipeline
 
 
 @pytest.fixture(scope="module")
-def lesson():
-    """The lesson's globals after running it, its printout kept out of the test log."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        return runpy.run_path(str(LESSON.path("lesson")), run_name="__main__")
+def lesson(run_lesson):
+    """The lesson's variables after running it (the run tests/test_course.py times)."""
+    return run_lesson(str(LESSON.path("lesson"))).names
 
 
 @pytest.fixture(scope="module")

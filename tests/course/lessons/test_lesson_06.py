@@ -5,9 +5,6 @@ memory, the V placement, DualPipeV against its README's formula, the side-by-sid
 the W's a rank owes after its last I, and the design puzzle (the plans the lesson measures
 against the grader's budgets, and both budgets satisfiable, by more than one plan)."""
 
-import contextlib
-import io
-import runpy
 from fractions import Fraction
 
 import pytest
@@ -20,10 +17,9 @@ P = 4  # the lesson's pipeline
 
 
 @pytest.fixture(scope="module")
-def lesson():
-    """The lesson's globals after running it, its printout kept out of the test log."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        return runpy.run_path(str(LESSON.path("lesson")), run_name="__main__")
+def lesson(run_lesson):
+    """The lesson's variables after running it (the run tests/test_course.py times)."""
+    return run_lesson(str(LESSON.path("lesson"))).names
 
 
 @pytest.fixture(scope="module")

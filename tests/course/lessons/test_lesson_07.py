@@ -4,9 +4,6 @@ what moves onto InfiniBand when the order changes, the cost model's tp all-reduc
 scale inside and across nodes, the checklist's states and bubbles, the "<= 7B" figures,
 the design puzzle against the grader's budgets, and the 3-D run equal to one device."""
 
-import contextlib
-import io
-import runpy
 
 import pytest
 
@@ -20,10 +17,9 @@ GB = 1e9
 
 
 @pytest.fixture(scope="module")
-def lesson():
-    """The lesson's globals after running it, its printout kept out of the test log."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        return runpy.run_path(str(LESSON.path("lesson")), run_name="__main__")
+def lesson(run_lesson):
+    """The lesson's variables after running it (the run tests/test_course.py times)."""
+    return run_lesson(str(LESSON.path("lesson"))).names
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,7 @@ against a finite difference, the all-to-all's splits and bytes from the trace an
 cost model, the 1/ep of dp × ep, and the parameter counts. Then the exercises: the
 solution passes every check, the generated exercise is all todo, each corpus case holds."""
 
-import contextlib
-import io
 import math
-import runpy
 
 import numpy as np
 import pytest
@@ -23,10 +20,9 @@ IB_B, IB_A = 50e9, 5e-6  # InfiniBand NDR, one GPU
 
 
 @pytest.fixture(scope="module")
-def lesson():
-    """The lesson's globals after running it, its printout kept out of the test log."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        return runpy.run_path(str(LESSON.path("lesson")), run_name="__main__")
+def lesson(run_lesson):
+    """The lesson's variables after running it (the run tests/test_course.py times)."""
+    return run_lesson(str(LESSON.path("lesson"))).names
 
 
 def softmax(z):

@@ -8,10 +8,7 @@ cost model and the scaled clock), Ulysses' bytes and refusal, Llama 3's all-gath
 bf16 errors. Then the exercises: the solution passes every check, the generated exercise
 is all todo, each corpus case holds."""
 
-import contextlib
-import io
 import math
-import runpy
 from fractions import Fraction
 
 import numpy as np
@@ -27,10 +24,9 @@ PEAK = 989e12  # H100 bf16 dense
 
 
 @pytest.fixture(scope="module")
-def lesson():
-    """The lesson's globals after running it, its printout kept out of the test log."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        return runpy.run_path(str(LESSON.path("lesson")), run_name="__main__")
+def lesson(run_lesson):
+    """The lesson's variables after running it (the run tests/test_course.py times)."""
+    return run_lesson(str(LESSON.path("lesson"))).names
 
 
 def test_a_tp_ranks_attention_grows_as_s_squared_a_cp_ranks_as_s(lesson):

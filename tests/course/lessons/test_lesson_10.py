@@ -7,9 +7,6 @@ checklist's findings, the three incidents at scale against the reported numbers,
 `minipar plan`'s answer. Then the exercises: the solution passes every check, the generated
 exercise is all todo, each corpus case holds."""
 
-import contextlib
-import io
-import runpy
 from fractions import Fraction
 
 import pytest
@@ -25,10 +22,9 @@ L, H, A, KV, D, F, V, S = 80, 8192, 64, 8, 128, 28672, 128256, 8192
 
 
 @pytest.fixture(scope="module")
-def lesson():
-    """The lesson's globals after running it, its printout kept out of the test log."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        return runpy.run_path(str(LESSON.path("lesson")), run_name="__main__")
+def lesson(run_lesson):
+    """The lesson's variables after running it (the run tests/test_course.py times)."""
+    return run_lesson(str(LESSON.path("lesson"))).names
 
 
 def g(x):

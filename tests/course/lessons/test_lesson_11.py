@@ -7,11 +7,7 @@ bf16 and float32, the reduction's doubled bytes, and the FP8 formats and scaling
 exercises: the rounding exercise on a million bit patterns, the budget task's problem as
 the lesson states it, and what this lesson's corpus must hold."""
 
-import contextlib
-import io
 import math
-import os
-import runpy
 
 import ml_dtypes
 import numpy as np
@@ -28,19 +24,9 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 @pytest.fixture(scope="module")
-def lesson(tmp_path_factory):
-    """The lesson's globals after running it, its printout kept out of the test log and its
-    figures out of the tree."""
-    old = os.environ.get("MINIPAR_FIGURES")
-    os.environ["MINIPAR_FIGURES"] = str(tmp_path_factory.mktemp("figures_11"))
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return runpy.run_path(str(LESSON.path("lesson")), run_name="__main__")
-    finally:
-        if old is None:
-            del os.environ["MINIPAR_FIGURES"]
-        else:
-            os.environ["MINIPAR_FIGURES"] = old
+def lesson(run_lesson):
+    """The lesson's variables after running it (the run tests/test_course.py times)."""
+    return run_lesson(str(LESSON.path("lesson"))).names
 
 
 def test_epsilon_range_and_subnormals_from_the_bit_counts(lesson):

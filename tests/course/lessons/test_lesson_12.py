@@ -6,11 +6,7 @@ closed forms, the attention cores with and without FlashAttention, incident C's 
 of 2 under ZeRO-3, and the budget task's plans. Then the exercises: what this lesson's
 corpus must hold."""
 
-import contextlib
-import io
 import math
-import os
-import runpy
 
 import pytest
 
@@ -22,19 +18,9 @@ GiB, MiB = 2**30, 2**20
 
 
 @pytest.fixture(scope="module")
-def lesson(tmp_path_factory):
-    """The lesson's globals after running it, its printout kept out of the test log and its
-    figures out of the tree."""
-    old = os.environ.get("MINIPAR_FIGURES")
-    os.environ["MINIPAR_FIGURES"] = str(tmp_path_factory.mktemp("figures_12"))
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return runpy.run_path(str(LESSON.path("lesson")), run_name="__main__")
-    finally:
-        if old is None:
-            del os.environ["MINIPAR_FIGURES"]
-        else:
-            os.environ["MINIPAR_FIGURES"] = old
+def lesson(run_lesson):
+    """The lesson's variables after running it (the run tests/test_course.py times)."""
+    return run_lesson(str(LESSON.path("lesson"))).names
 
 
 def flops(B, s, l, h, V):

@@ -6,10 +6,7 @@ Daly's intervals with Llama 3's interruption rate, the loss a failure costs, the
 resumed at a smaller dp, the planner's recovery options, and the five failures — each run
 and diagnosed as the lesson says. Then what this lesson's corpus must hold."""
 
-import contextlib
-import io
 import math
-import runpy
 
 import pytest
 
@@ -25,20 +22,10 @@ PSI405 = L * (2 * H * H + 2 * H * KV + 3 * H * F + 2 * H) + 2 * V * H + H
 
 
 @pytest.fixture(scope="module")
-def lesson(tmp_path_factory, monkeypatch_module):
-    """The lesson run as a learner runs it: (its variables, what it printed); its figures
-    in a directory of the test's."""
-    monkeypatch_module.setenv("MINIPAR_FIGURES", str(tmp_path_factory.mktemp("figures13")))
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        names = runpy.run_path(str(LESSON.path("lesson")), run_name="__main__")
-    return names, out.getvalue()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as mp:
-        yield mp
+def lesson(run_lesson):
+    """The lesson run as a learner runs it: (its variables, what it printed)."""
+    run = run_lesson(str(LESSON.path("lesson")))
+    return run.names, run.stdout
 
 
 def prose() -> str:
