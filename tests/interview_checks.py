@@ -13,9 +13,13 @@ by path, as they load the bank.
 from __future__ import annotations
 
 import collections
+import fcntl
 import importlib.util
+import os
+import pickle
 import string
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,12 +45,30 @@ def load(path: Path, name: str):
 
 
 def computed(q) -> dict:
-    """What q.compute(**q.given) returns, computed once per process for every test file
-    (kept beside the bank's module, which all of them share)."""
+    """What q.compute(**q.given) returns, computed once for every test file (kept beside
+    the bank's module, which all of them share) and, under pytest-xdist, once for every
+    worker: the first to ask computes it under a lock and leaves it in a file of the run's,
+    the others read it."""
     store = vars(sys.modules[type(q).__module__]).setdefault("_computed_by_the_tests", {})
     if q.id not in store:
-        store[q.id] = q.compute(**q.given)
+        store[q.id] = _shared(q)
     return store[q.id]
+
+
+def _shared(q) -> dict:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # the same in every worker of a run
+    if not run:
+        return q.compute(**q.given)
+    folder = Path(tempfile.gettempdir()) / f"minipar-interview-{run}"
+    folder.mkdir(exist_ok=True)
+    saved = folder / f"{q.id}.pickle"
+    with open(folder / f"{q.id}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if saved.exists():
+            return pickle.loads(saved.read_bytes())
+        values = q.compute(**q.given)
+        saved.write_bytes(pickle.dumps(values))
+        return values
 
 
 class LazyValues(dict):

@@ -42,7 +42,7 @@ def stage_layers(layers: int, stages: int) -> list[int]:
     return [q + (1 if i < r else 0) for i in range(stages)]
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=64)  # a search times some 30 distinct schedules, several times each
 def _lowered(name: str, pp: int, microbatches: int, chunks: int):
     return lower(schedule(name, pp, microbatches, chunks))
 

@@ -5,7 +5,9 @@ Playwright's own browser download cannot work on these machines, so the tests la
 /usr/bin/chromium (the `chromium` Debian package; .ci/run installs it) and skip, saying
 why, where it or the playwright package is missing. MINIPAR_CHROMIUM names another binary.
 The page is the session's (tests/conftest.py's demo_page: written once, about 10 s). It is
-opened from file:// with every other request refused, so it must work offline.
+opened from file:// with every other request refused, so it must work offline. The
+README's command deselects the `browser` tests (setup.cfg); .ci/run runs them with
+`-m browser`.
 
 Each demo file marks itself `pytestmark = [pytest.mark.browser,
 pytest.mark.usefixtures("sync_api")]`: the skip is the `sync_api` fixture's, so the other

@@ -285,7 +285,7 @@ def dry_run(lowered: Schedule, durations: Durations,
 
 
 _STRUCTURES: OrderedDict = OrderedDict()  # the last few schedules' structure, see below
-_KEEP = 16
+_KEEP = 64  # a planner's search times some 30 distinct schedules
 
 
 def _structure(lowered: Schedule, block: bool) -> tuple:
