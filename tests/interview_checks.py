@@ -6,6 +6,7 @@ by path, as they load the bank.
     values = LazyValues(by_id)            each question's values, computed when first asked,
                                           once per process (computed(q))
     check_shown(q, values)                every placeholder filled, every value shown
+    check_worked(q, values)               a short worked answer: 2 to 9 sentences
     check_numbers(qid, values, expected)  every number equals its independent route
     check_distinct(q, values, allowed)    no two quantities print the same number by chance
 """
@@ -101,6 +102,13 @@ def check_shown(q, values: dict) -> None:
     question, answer = q.render(values)
     for text in (question, answer):
         assert "{" not in text and "}" not in text
+
+
+def check_worked(q, values: dict) -> None:
+    """A short worked answer: two to nine sentences."""
+    answer = q.render(values)[1].replace("e.g.", "eg")
+    sentences = [s for s in answer.split(". ") if s.strip()]
+    assert 2 <= len(sentences) <= 9, "a short worked answer"
 
 
 def check_numbers(qid: str, values: dict, expected: dict) -> None:

@@ -186,6 +186,7 @@ def test_twelve_questions_on_lesson_11_numbered_after_lesson_10():
 @pytest.mark.parametrize("qid", sorted(EXPECTED))
 def test_every_placeholder_is_filled_and_every_value_is_shown(qid):
     checks.check_shown(BY_ID[qid], VALUES[qid])
+    checks.check_worked(BY_ID[qid], VALUES[qid])
 
 
 @pytest.mark.parametrize("qid", sorted(EXPECTED))

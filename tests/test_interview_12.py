@@ -236,8 +236,7 @@ def test_twelve_questions_on_lesson_12_numbered_after_lesson_11():
 def test_every_placeholder_is_filled_and_every_value_is_shown(qid):
     q, values = BY_ID[qid], VALUES[qid]
     checks.check_shown(q, values)
-    sentences = [s for s in q.render(values)[1].replace("e.g.", "eg").split(". ") if s.strip()]
-    assert 2 <= len(sentences) <= 9, "a short worked answer"
+    checks.check_worked(q, values)
 
 
 @pytest.mark.parametrize("qid", sorted(BY_ID))

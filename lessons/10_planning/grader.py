@@ -20,7 +20,8 @@ from functools import lru_cache
 from hypothesis import example, given, strategies as st
 
 import minipar.plan as plan_package
-from minipar.course.grading import SETTINGS, GradeFailure, exercise, learner
+from minipar.course.grading import (SETTINGS, GradeFailure, exercise, expect_keys,
+                                    expect_number, learner)
 from minipar.plan import CLUSTERS, MODELS, Layout, ModelSpec, rank_memory, step_time
 from minipar.plan.comm_time import groups_of, topology_of
 from minipar.plan.pipeline_time import pipeline_dry_run
@@ -42,25 +43,10 @@ def relative(got: float, want: float) -> float:
     return abs(got - want) / abs(want) if want else abs(got)
 
 
-def number(value, what: str) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise GradeFailure(f"{what} is {value!r:.80}; expected a number") from None
-    if not math.isfinite(out):
-        raise GradeFailure(f"{what} is {out}; expected a finite number")
-    return out
-
-
 def read(result, keys: tuple, what: str) -> dict:
-    if not isinstance(result, dict):
-        raise GradeFailure(f"{what} returned {result!r:.80}; expected a dict with the keys "
-                           f"{', '.join(keys)}")
-    missing = [k for k in keys if k not in result]
-    if missing:
-        raise GradeFailure(f"{what} returned no {missing[0]!r}; expected the keys "
-                           f"{', '.join(keys)}")
-    return {k: number(result[k], f"{what}[{k!r}]") for k in keys}
+    """The learner's dict at `keys`, each value a finite number."""
+    return {k: expect_number(v, what=f"{what}[{k!r}]")
+            for k, v in expect_keys(result, keys, what=what).items()}
 
 
 # ---- exercise 10.1: the busiest rank's memory ---------------------------------------------

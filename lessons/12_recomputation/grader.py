@@ -16,7 +16,8 @@ import numpy as np
 from hypothesis import example, given, strategies as st
 
 import minipar as mp
-from minipar.course.grading import SETTINGS, GradeFailure, exercise, expect_within, learner
+from minipar.course.grading import (SETTINGS, GradeFailure, exercise, expect_number,
+                                    expect_within, learner)
 from minipar.nn import GPT, GPTConfig
 from minipar.plan import (activation_bytes_per_layer, model_flops, model_flops_full_recompute,
                           segments_activation_bytes, selective_recompute_extra_flops,
@@ -26,18 +27,6 @@ from minipar.plan.training_memory import training_memory
 
 def relative(got: float, want: float) -> float:
     return abs(got - want) / abs(want) if want else abs(got)
-
-
-def number(value, what: str) -> float:
-    if isinstance(value, (bool, np.bool_)):
-        raise GradeFailure(f"{what} is {value!r}; expected a number")
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise GradeFailure(f"{what} is {value!r:.80}; expected a number") from None
-    if not math.isfinite(out):
-        raise GradeFailure(f"{what} is {out}; expected a finite number")
-    return out
 
 
 def diagnose(impl_call, variants: dict, probes: list, case, got: float, truth,
@@ -132,8 +121,8 @@ def layer_call(impl, case) -> float:
     s, b, h, a, t, sp, rec, dropout = case
     what = (f"layer_activation_bytes(s={s}, b={b}, h={h}, a={a}, tp={t}, "
             f"sequence_parallel={sp}, recompute={rec!r}, dropout={dropout})")
-    return number(learner(what, impl.layer_activation_bytes, s, b, h, a, t, sp, rec, dropout),
-                  what)
+    got = learner(what, impl.layer_activation_bytes, s, b, h, a, t, sp, rec, dropout)
+    return expect_number(got, what=what)
 
 
 def exact(x: float, y: float) -> bool:
@@ -253,7 +242,7 @@ def check_segments(impl, L, k, shape):
 
     def peak_of(L_, k_):
         what = f"segments_peak({L_}, {k_}, layer={A:,.0f}, kept={I:,.0f})"
-        return number(learner(what, impl.segments_peak, L_, k_, A, I), what)
+        return expect_number(learner(what, impl.segments_peak, L_, k_, A, I), what=what)
 
     want, got = segments_activation_bytes(L, k, A, I), peak_of(L, k)
     if not exact(got, want):
@@ -362,7 +351,7 @@ HFU_PROBES = [(0.45, 8, 8192, 32, 4096, 51200, "selective"),
 def check_hfu_from_mfu(impl, mfu, B, s, l, h, V, rec):
     def call(c):
         what = "hfu_from_mfu(mfu={}, B={}, s={}, l={}, h={}, V={}, recompute={!r})".format(*c)
-        return number(learner(what, impl.hfu_from_mfu, *c), what)
+        return expect_number(learner(what, impl.hfu_from_mfu, *c), what=what)
 
     case = (mfu, B, s, l, h, V, rec)
     want, got = hfu_truth(case), call(case)

@@ -20,35 +20,14 @@ import numpy as np
 from hypothesis import example, given, strategies as st
 
 import minipar as mp
-from minipar.course.grading import (SETTINGS, GradeFailure, exercise, expect_close, learner,
-                                    world_sizes)
+from minipar.course.grading import (SETTINGS, GradeFailure, exercise, expect_close,
+                                    expect_keys, expect_number, learner, world_sizes)
 from minipar.data.batches import split_data_parallel, split_microbatches
 from minipar.nn import GPT, GPTConfig
 from minipar.nn.parameter import Parameter
 from minipar.parallel import FlatParameter, ParallelDims, checkpoint, parallelize
 
 DAY = 86400
-
-
-def number(value, what: str) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise GradeFailure(f"{what} is {value!r:.80}; expected a number") from None
-    if not math.isfinite(out):
-        raise GradeFailure(f"{what} is {out}; expected a finite number")
-    return out
-
-
-def read(result, keys: tuple, what: str) -> dict:
-    if not isinstance(result, dict):
-        raise GradeFailure(f"{what} returned {result!r:.80}; expected a dict with the keys "
-                           f"{', '.join(keys)}")
-    missing = [k for k in keys if k not in result]
-    if missing:
-        raise GradeFailure(f"{what} returned no {missing[0]!r}; expected the keys "
-                           f"{', '.join(keys)}")
-    return {k: result[k] for k in keys}
 
 
 def close(a: float, b: float, rtol: float = 1e-9) -> bool:
@@ -120,8 +99,8 @@ def check_checkpoint_interval(impl, delta, days, planned, unexpected, restart):
     case = (delta, days, planned, unexpected, restart)
     what = (f"checkpoint_interval(save_seconds={delta!r}, days={days}, planned={planned}, "
             f"unexpected={unexpected}, restart_seconds={restart!r})")
-    got = read(learner(what, impl.checkpoint_interval, *case), INTERVAL_KEYS, what)
-    got = {k: number(v, f"{what}[{k!r}]") for k, v in got.items()}
+    got = expect_keys(learner(what, impl.checkpoint_interval, *case), INTERVAL_KEYS, what=what)
+    got = {k: expect_number(v, what=f"{what}[{k!r}]") for k, v in got.items()}
     want = interval(*case)
     for key in INTERVAL_KEYS:  # M first: every other number is built on it
         if not close(got[key], want[key]):
@@ -366,8 +345,8 @@ def drawn_shrinks(impl, b, dp_new, fewer, k_old):
     B = dp_old * k_old * b
     case = (B, b, dp_old, dp_new)
     what = f"shrink_dp(global_batch={B}, micro_batch={b}, dp_old={dp_old}, dp_new={dp_new})"
-    got = read(learner(what, impl.shrink_dp, *case), ("accumulation", "global_batch", "rows"),
-               what)
+    got = expect_keys(learner(what, impl.shrink_dp, *case),
+                      ("accumulation", "global_batch", "rows"), what=what)
     k = B // (dp_new * b)
     batch = dp_new * k * b
     for key, want in (("accumulation", k), ("global_batch", batch)):

@@ -3,6 +3,8 @@
     expect_close(received, expected)   same shape, values within rtol·|expected| + atol
     expect_equal(received, expected)   ==, for counts, strings, tuples
     expect_within(value, budget)       value <= budget, for budgeted design exercises
+    expect_number(value)               a finite real number (not a bool), as a float
+    expect_keys(result, keys)          a dict with these keys: their values
 
 A failed expectation summarises instead of dumping: the shapes, how many elements differ,
 the largest difference and where, a few differing positions side by side, and — when the
@@ -13,6 +15,7 @@ wanted: divide by n"}`). A ratio is the most specific diagnosis there is, so it 
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from typing import Any, Iterable, Mapping, Optional, Union
 
@@ -163,6 +166,34 @@ def expect_within(value: float, budget: float, *, what: str, unit: str = "",
         pct = f" ({100 * over / budget:.3g} %)" if budget > 0 and np.isfinite(value) else ""
         raise GradeFailure(f"{_where(rank)}{what} is {value:.6g}{u}, over its budget of "
                            f"{budget:.6g}{u} by {over:.3g}{u}{pct}. {hint}".rstrip())
+
+
+def expect_number(value: Any, *, what: str) -> float:
+    """`value` as a float when it is a finite real number (a bool is not one); else a
+    GradeFailure saying what it is."""
+    if isinstance(value, (bool, np.bool_)):
+        raise GradeFailure(f"{what} is {value!r}; expected a number")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise GradeFailure(f"{what} is {value!r:.80}; expected a number") from None
+    if not math.isfinite(out):
+        raise GradeFailure(f"{what} is {out}; expected a finite number")
+    return out
+
+
+def expect_keys(result: Any, keys: Iterable[str], *, what: str) -> dict:
+    """{key: result[key]} for each of `keys` when `result` is a dict holding them all; else
+    a GradeFailure naming the first key missing (or saying a dict was expected)."""
+    keys = tuple(keys)
+    if not isinstance(result, dict):
+        raise GradeFailure(f"{what} returned {result!r:.80}; expected a dict with the keys "
+                           f"{', '.join(keys)}")
+    missing = [k for k in keys if k not in result]
+    if missing:
+        raise GradeFailure(f"{what} returned no {missing[0]!r}; expected the keys "
+                           f"{', '.join(keys)}")
+    return {k: result[k] for k in keys}
 
 
 def learner(what: str, fn, *args):

@@ -43,8 +43,8 @@ from typing import Callable, Iterable, Optional, Union
 from hypothesis import HealthCheck, Phase, settings
 
 from .catalog import Lesson, find_lesson
-from .expect import (GradeFailure, describe_ratio, expect_close, expect_equal, learner,
-                     expect_within)
+from .expect import (GradeFailure, describe_ratio, expect_close, expect_equal, expect_keys,
+                     expect_number, expect_within, learner)
 from .schedules import read_schedule
 from .spmd import (LAUNCH, Call, Spmd, calls, forbid_collectives, mesh_of,
                    on_mesh, on_ranks, rank_words, world_sizes)
@@ -53,7 +53,7 @@ from .spmd import (LAUNCH, Call, Spmd, calls, forbid_collectives, mesh_of,
 #: the expectations of expect.py, the SPMD harness of spmd.py and schedules.py's reader
 __all__ = ["SETTINGS", "TIME_LIMIT", "exercise", "grade", "GradeReport", "Outcome",
            "load_implementation", "GradeFailure", "describe_ratio", "expect_close",
-           "expect_equal", "expect_within", "learner", "read_schedule", "LAUNCH", "Call", "Spmd", "calls",
+           "expect_equal", "expect_within", "expect_number", "expect_keys", "learner", "read_schedule", "LAUNCH", "Call", "Spmd", "calls",
            "forbid_collectives", "mesh_of", "on_mesh", "on_ranks", "rank_words", "world_sizes"]
 
 #: what every check runs under: reproducible, no deadline, small; a failure is shrunk to
