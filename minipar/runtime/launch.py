@@ -6,7 +6,8 @@ and `launch` raises. A diagnosis the runtime made (collective mismatch, deadlock
 simulated out-of-memory, bad arguments) is raised as itself, with a note naming the rank;
 any other exception is wrapped in `RankFailedError`, which names the rank and carries its
 traceback. When several ranks fail of their own accord, the report is the lowest rank's,
-whichever thread failed first. No thread is left behind, except one that never comes back
+whichever thread failed first (wall-clock timeouts excepted: the first to expire aborts the
+others). No thread is left behind, except one that never comes back
 to minipar after the run failed (runtime/watchdog.py). While the ranks run, BLAS may use
 at most max(1, cores // world_size) threads each, so simulated devices share the cores
 instead of fighting over them (runtime/blas.py); CPython's full garbage collections are
@@ -154,7 +155,8 @@ def launch(fn: Callable[[Context], Any], world_size: int, topology: Optional[Top
 
 def _first_failure(error: BaseException, failures: dict) -> BaseException:
     """The error launch raises: the lowest rank's own failure (not a WorldAborted echo of
-    another's), so the report does not depend on which thread failed first; the world's
+    another's), so the report does not depend on which thread failed first (except among
+    wall-clock timeouts, where the first to expire aborts the others); the world's
     error if no rank raised one of its own (a deadlock seen as the last rank returned)."""
     own = sorted((r, e, tb) for r, (e, tb) in failures.items()
                  if not isinstance(e, WorldAborted))

@@ -74,7 +74,10 @@ def test_mismatch_on_the_world_group_names_the_odd_rank(n):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", SIZES)
-def test_timeout_in_one_group_of_8_is_raised_by_its_lowest_rank(n):
+def test_timeout_in_one_group_of_8_is_raised_by_a_rank_of_that_group(n):
+    """The seven waiting ranks' timeouts race: the first to expire stops the run, and the
+    others leave with the world's abort, so the report is one of theirs, not always the
+    lowest's (docs/runtime.md, "Which failure is reported")."""
     gone, first = n - 3, n - 8
 
     def program(ctx):
@@ -86,8 +89,9 @@ def test_timeout_in_one_group_of_8_is_raised_by_its_lowest_rank(n):
         return w.wait(timeout=0.3 if ctx.rank >= first else None)
 
     msg = launch_expecting(CollectiveTimeoutError, program, n)
-    assert msg.startswith(f"rank {first}: Work.wait(timeout=0.3) expired, still waiting in "
-                          f"all_reduce on group eight[{first}, ")
+    waiting = [r for r in range(first, n) if r != gone]
+    assert any(msg.startswith(f"rank {r}: Work.wait(timeout=0.3) expired, still waiting in "
+                              f"all_reduce on group eight[{first}, ") for r in waiting), msg
     assert f"not yet arrived: [{gone}]" in msg
 
 
