@@ -63,7 +63,7 @@ def test_a_ring_of_blocking_sends_before_recvs_is_a_deadlock(n):
     start = time.monotonic()
     with pytest.raises(DeadlockError) as info:
         mp.launch(program, n)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 3.0  # at once: hundredths alone, < 3 s under load
     msg = str(info.value)
     for r in range(n):
         assert (f"rank {r}: waiting in send(dst={(r + 1) % n}, tag=4) at {FILE}:{lines[r]} in "
@@ -289,7 +289,7 @@ def test_a_deadlock_is_still_diagnosed_at_once_under_a_timeout():
     start = time.monotonic()
     with pytest.raises(DeadlockError):
         mp.launch(program, 2, timeout=30)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 3.0  # at once, not after the 30 s (< 3 s under load)
 
 
 # ---- which failure is reported ------------------------------------------------------------
