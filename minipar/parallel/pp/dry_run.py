@@ -53,14 +53,13 @@ been reached; if every unfinished rank waits, ScheduleDeadlockError names who wa
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Real
 from typing import Callable, Mapping, NamedTuple, Sequence, Union
 
 from .actions import (B, F, RECV_B, RECV_F, SEND_B, SEND_F, W, Action, OverlapFB, Schedule,
-                      ScheduleError, parts)
+                      ScheduleError, by_content, parts)
 from .lowering import Message, message, pair_overlap
 from .validate import ScheduleDeadlockError, ScheduleInfo, validate_schedule
 
@@ -284,29 +283,19 @@ def dry_run(lowered: Schedule, durations: Durations,
                   _ratio(P * period - sum(busy), sum(busy)))
 
 
-_STRUCTURES: OrderedDict = OrderedDict()  # the last few schedules' structure, see below
-_KEEP = 64  # a planner's search times some 30 distinct schedules
-
-
+@by_content()  # read-only results: one shared by every caller
 def _structure(lowered: Schedule, block: bool) -> tuple:
     """What a dry run needs of the lists alone, whatever the durations: (ScheduleInfo, each
     action's Message, each rank's (F; B) pairs, the positions a pair's half times, the peak
     in flight), the lists validated and checked for deadlock. A planner times one schedule
-    under many durations (each layout of a search, each calibration), so the last few are
-    kept, keyed by the lists' contents: an edited list is checked anew."""
-    key = (tuple(map(tuple, lowered)), block)
-    if key in _STRUCTURES:
-        _STRUCTURES.move_to_end(key)
-        return _STRUCTURES[key]
+    under many durations (each layout of a search, each calibration), so it is memoized on
+    the lists' contents, as the schedule checks are: an edited list is checked anew."""
     info = validate_schedule(lowered)
     msgs = check_deadlock(lowered, info)
     pairs = [{} if block else pair_overlap(row) for row in lowered]
     half = [{q: k for k, ends in rank.items() for q in ends if q is not None}
             for rank in pairs]  # position of a message timed by its pair's half -> the pair
-    _STRUCTURES[key] = found = (info, msgs, pairs, half, peak_in_flight(lowered))
-    if len(_STRUCTURES) > _KEEP:
-        _STRUCTURES.popitem(last=False)
-    return found
+    return info, msgs, pairs, half, peak_in_flight(lowered)
 
 
 class _Clock:
